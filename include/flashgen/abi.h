@@ -1,0 +1,78 @@
+/**
+ * @brief The stable C ABI every flashgen kernel module exports.
+ *
+ * Plain C so that any FFI (ctypes, cffi, Rust) can call it. Pointers are device pointers unless
+ * noted; sizes and strides are in elements; `stream` is the caller's cudaStream_t. Entry points
+ * return FLASHGEN_OK or a nonzero status and leave a message for flashgen_last_error(); they never
+ * abort the process.
+ */
+#ifndef FLASHGEN_ABI_H_
+#define FLASHGEN_ABI_H_
+
+#include <stdint.h>
+
+#define FLASHGEN_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define FLASHGEN_API __attribute__((visibility("default")))
+#else
+#define FLASHGEN_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum FlashgenStatus {
+  FLASHGEN_OK = 0,
+  FLASHGEN_INVALID_ARGUMENT = 1,    /* shapes, strides, alignment or null pointers */
+  FLASHGEN_NO_INSTANCE = 2,         /* a runtime code this binary holds no instantiation for */
+  FLASHGEN_WORKSPACE_TOO_SMALL = 3, /* workspace_bytes below what *_workspace_size reported */
+  FLASHGEN_CUDA_ERROR = 4,          /* a launch or a CUDA runtime call failed */
+};
+
+/** Message of the last failure on this thread (in this module); never NULL. */
+FLASHGEN_API const char* flashgen_last_error(void);
+FLASHGEN_API int flashgen_abi_version(void);
+
+/* ---- single_decode: q [num_qo_heads, head_dim], k/v [kv_len, num_kv_heads, head_dim] (NHD) or
+ * [num_kv_heads, kv_len, head_dim] (HND), expressed through the k/v strides; o like q;
+ * lse (optional, may be NULL) float32 [num_qo_heads], natural log. */
+FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo_heads, int64_t num_kv_heads,
+                                                       int64_t kv_len, int64_t head_dim,
+                                                       int64_t* bytes);
+FLASHGEN_API int flashgen_single_decode(
+    const void* q, const void* k, const void* v, void* o, float* lse, int64_t num_qo_heads,
+    int64_t num_kv_heads, int64_t kv_len, int64_t head_dim, int64_t q_stride_h,
+    int64_t k_stride_n, int64_t k_stride_h, int64_t v_stride_n, int64_t v_stride_h,
+    int64_t o_stride_h, int64_t dtype_code, int64_t variant_code, float sm_scale,
+    const void* additional_params, void* workspace, int64_t workspace_bytes, void* stream);
+FLASHGEN_API int flashgen_single_decode_query(const int64_t* codes, int64_t ncodes, char* buf,
+                                              int64_t buflen);
+
+/* ---- batch_decode over a paged KV cache: q [batch, num_qo_heads, head_dim];
+ * paged_kv [num_pages, 2, page_size, num_kv_heads, head_dim] (NHD) or
+ * [num_pages, 2, num_kv_heads, page_size, head_dim] (HND), expressed through the strides
+ * (kv_stride_page between pages, kv_stride_kv from K to V, kv_stride_n between tokens of a page,
+ * kv_stride_h between heads); int32 CSR page table on the device: kv_indptr [batch + 1],
+ * kv_indices [kv_indptr[batch]], kv_last_page_len [batch] (1..page_size);
+ * o like q; lse (optional) float32 [batch, num_qo_heads]. */
+FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_size, int64_t num_qo_heads,
+                                                      int64_t num_kv_heads, int64_t head_dim,
+                                                      int64_t* bytes);
+FLASHGEN_API int flashgen_batch_decode(
+    const void* q, const void* paged_kv, void* o, float* lse, const int32_t* kv_indptr,
+    const int32_t* kv_indices, const int32_t* kv_last_page_len, int64_t batch_size,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
+    int64_t q_stride_b, int64_t q_stride_h, int64_t kv_stride_page, int64_t kv_stride_kv,
+    int64_t kv_stride_n, int64_t kv_stride_h, int64_t o_stride_b, int64_t o_stride_h,
+    int64_t dtype_code, int64_t variant_code, float sm_scale, const void* additional_params,
+    void* workspace, int64_t workspace_bytes, void* stream);
+FLASHGEN_API int flashgen_batch_decode_query(const int64_t* codes, int64_t ncodes, char* buf,
+                                             int64_t buflen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // FLASHGEN_ABI_H_
