@@ -162,7 +162,11 @@ impl WheelBuilder {
         let generated = ["WHEEL", "METADATA", "RECORD"].map(|f| format!("{dist_info}/{f}"));
         let foreign_special_dir = (top.ends_with(".dist-info") && top != dist_info)
             || (top.ends_with(".data") && top != data);
-        if generated.iter().any(|g| g == path) || foreign_special_dir {
+        if generated.iter().any(|g| g == path)
+            || foreign_special_dir
+            || path == dist_info
+            || path == data
+        {
             return Err(WheelError::ReservedPath(path.to_string()));
         }
         Ok(())

@@ -73,8 +73,10 @@ const AARCH64: &[Policy] = &[
     p(39, &[3, 4, 33], &[1, 3, 15], &[14, 0, 0]),
 ];
 
-/// The baseline glibc minor: manylinux_2_17 (manylinux2014) is the oldest tag the CUDA 12/13
-/// toolchains and PyTorch's own wheels still target, and anything older buys no users.
+/// The floor of the tag: manylinux_2_17 (manylinux2014, the glibc of CentOS 7), the first
+/// manylinux on aarch64 and the oldest whose build images are still maintained. A wheel whose
+/// files need nothing newer still claims 2_17: an older tag (manylinux1, manylinux2010) would
+/// promise distributions that no current CUDA release supports and that nobody can test on.
 pub const BASELINE_GLIBC_MINOR: u32 = 17;
 
 pub fn known_arch(arch: &str) -> bool {

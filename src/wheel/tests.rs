@@ -461,6 +461,64 @@ fn platform_tag_of_a_cuda_shared_object() {
     );
 }
 
+/// The names of the `GLIBC_*`/`GLIBCXX_*` versions `objdump -p` lists for a file.
+fn objdump_versions(path: &Path) -> Vec<String> {
+    let Ok(out) = Command::new("objdump").arg("-p").arg(path).output() else {
+        return vec![];
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let refs = text.split("Version References:").nth(1).unwrap_or_default();
+    refs.split_whitespace()
+        .filter(|w| w.starts_with("GLIBC"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_newer_libstdcxx_raises_the_tag_of_a_real_file() {
+    // std::to_chars(double, chars_format) and condition_variable::wait are GLIBCXX_3.4.29/30
+    // in GCC 11/12 while needing nothing newer than GLIBC_2.2.5 from glibc.
+    let dir = tempfile::tempdir().unwrap();
+    let cpp = dir.path().join("c.cpp");
+    let so = dir.path().join("c.so");
+    fs::write(
+        &cpp,
+        "#include <charconv>\n#include <condition_variable>\n#include <mutex>\n\
+         extern \"C\" int g(double d, char* b) { return int(std::to_chars(b, b + 64, d, std::chars_format::general).ptr - b); }\n\
+         extern \"C\" void h(std::condition_variable* cv, std::mutex* m) { std::unique_lock<std::mutex> l(*m); cv->wait(l); }\n",
+    )
+    .unwrap();
+    let built = Command::new("g++")
+        .args(["-std=c++17", "-shared", "-fPIC", "-O1"])
+        .arg(&cpp)
+        .arg("-o")
+        .arg(&so)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built || !cfg!(target_arch = "x86_64") {
+        eprintln!("skipped: no g++ that builds this for x86_64");
+        return;
+    }
+    let r = platform_tag(std::slice::from_ref(&so), "x86_64").unwrap();
+    let versions = objdump_versions(&so);
+    let glibc_ok = objdump_glibc_minor(&so).is_some_and(|m| m < 35);
+    if versions.iter().any(|v| v == "GLIBCXX_3.4.30") && glibc_ok {
+        // auditwheel 6.8 `show` says the same for this file.
+        assert_eq!(r.tag, "manylinux_2_35_x86_64", "{r:#?}");
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.contains("GLIBCXX_3.4.30") && n.contains("raising")),
+            "{r:#?}"
+        );
+    } else {
+        assert!(
+            r.newest.iter().any(|(v, _)| v.starts_with("GLIBCXX_")),
+            "{r:#?}"
+        );
+    }
+}
+
 #[test]
 fn non_elf_files_and_wrong_arches_are_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
