@@ -1,1 +1,23 @@
+//! flashgen: one source of truth for CUDA kernel variants.
+//!
+//! The pipeline reads top to bottom: [`config`] mirrors `variants.json`, [`matrix`] validates it
+//! and expands [`instance`]s, [`codegen`] writes each instance's macro header, [`fingerprint`]
+//! keys it, [`build`] compiles it ([`compile`], [`toolchain`], [`arch`]) through the [`cache`],
+//! and [`wheel`] packages the result. [`commands`] are the thin CLI verbs over that library.
 
+pub mod arch;
+pub mod build;
+pub mod cache;
+pub mod cli;
+pub mod codegen;
+pub mod commands;
+pub mod compile;
+pub mod config;
+pub mod error;
+pub mod filter;
+pub mod fingerprint;
+pub mod fsutil;
+pub mod instance;
+pub mod matrix;
+pub mod toolchain;
+pub mod ui;

@@ -1,0 +1,145 @@
+//! Command-line arguments. The doc comments here are the `--help` text.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::filter::FilterArgs;
+
+/// flashgen: one source of truth for CUDA kernel variants. Expands variants.json into kernel
+/// instances, writes their generated headers, builds them with nvcc in parallel through a
+/// content-addressed cache, and packages the precompiled subset as a wheel.
+#[derive(Debug, Parser)]
+#[command(name = "flashgen", version, max_term_width = 100)]
+pub struct Cli {
+    /// The variant matrix to read.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        default_value = "variants.json"
+    )]
+    pub config: PathBuf,
+    /// Extra user-written variants for this run (JSON: {"variants": {name: {header, struct,
+    /// params}}}), appended to every variant axis; never precompiled. Repeatable.
+    #[arg(long = "variants-file", global = true, value_name = "PATH")]
+    pub variants_files: Vec<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the instances of the matrix (module, URI, parameters, precompiled, cached).
+    ListVariants(ListArgs),
+    /// Print the matrix as the Python loader reads it (modules, axes, variants, instances).
+    Describe,
+    /// Write each selected instance's generated header (or, with --dispatch, one dispatching
+    /// header per module) and compile_commands.json.
+    Generate(GenerateArgs),
+    /// Compile the selected instances into .so files, in parallel, through the cache.
+    Build(BuildArgs),
+    /// Build the precompiled subset (or the filtered set) and package it as a wheel.
+    BuildWheel(WheelArgs),
+    /// Remove build output and the cache, reporting what was freed.
+    Clean(CleanArgs),
+    /// Show the toolchain, architectures, job count and cache that a build would use.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Architectures for the "cached" column (as for build).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Folder that receives <uri>/flashgen_instance.cuh (or <module>/ with --dispatch).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// One header per module whose DISPATCH_<axis> macros switch over the selected values.
+    #[arg(long)]
+    pub dispatch: bool,
+    /// Architectures for compile_commands.json (as for build).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// Options shared by build and build-wheel.
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// Parallel nvcc jobs [default: MAX_JOBS, else min(cores, available memory / 2 GiB)].
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+    /// GPU architectures, e.g. "8.0 9.0a" or "80;90a+PTX" [default: FLASHGEN_CUDA_ARCH_LIST,
+    /// else TORCH_CUDA_ARCH_LIST, else variants.json].
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+    /// Keep compiling after a failure and list all failures at the end.
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Leave fatbins uncompressed (default: -Xfatbin=-compress-all).
+    #[arg(long)]
+    pub no_compress: bool,
+    /// Print only errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Folder that receives the .so files and manifest.json.
+    #[arg(long, value_name = "DIR", default_value = "build/flashgen")]
+    pub out: PathBuf,
+    /// Print a machine-readable summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub compile: CompileArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WheelArgs {
+    /// Folder that receives the wheel.
+    #[arg(long, value_name = "DIR", default_value = "dist")]
+    pub out: PathBuf,
+    /// Where the precompiled .so files are built before packaging.
+    #[arg(long, value_name = "DIR", default_value = "build/wheel")]
+    pub build_dir: PathBuf,
+    /// The flashgen binary to ship [default: this one].
+    #[arg(long, value_name = "PATH")]
+    pub binary: Option<PathBuf>,
+    #[command(flatten)]
+    pub compile: CompileArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CleanArgs {
+    /// Build output folders to remove.
+    #[arg(long, value_name = "DIR", default_values = ["build/flashgen", "build/wheel"])]
+    pub out: Vec<PathBuf>,
+    /// Keep the cache (FLASHGEN_CACHE_DIR); remove only build output.
+    #[arg(long)]
+    pub keep_cache: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Architectures to report (as for build).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+}

@@ -1,0 +1,262 @@
+//! The generated C macro header: one per instance, or one dispatching header per module.
+//!
+//! This is the only text that differs between instances; the shared `.cu` includes it as
+//! `<flashgen_instance.cuh>`. DEVELOPERS.md documents the format. The output is a pure function
+//! of the matrix and the selection: no paths, no times, so that it can key the build cache.
+
+use std::fmt::Write as _;
+
+use crate::config::{AxisKind, ParamDecl};
+use crate::instance::Instance;
+use crate::matrix::{Axis, Matrix, Module, Value, DTYPES};
+
+/// The name the kernels include; nvcc finds it through `-I <generated folder>`.
+pub const HEADER_NAME: &str = "flashgen_instance.cuh";
+
+/// The one-instance header for `inst`.
+pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
+    let m = matrix.module(inst);
+    let regenerate = {
+        let wheres: String = matrix
+            .params(inst)
+            .map(|(a, v)| format!(" --where {}={v}", a.name))
+            .collect();
+        format!("flashgen generate --out <DIR> --module {}{wheres}", m.name)
+    };
+    let variants: Vec<_> = matrix.instance_variants(inst).collect();
+    let mut h = prologue(
+        &regenerate,
+        m,
+        &variants
+            .iter()
+            .map(|v| v.include_name())
+            .collect::<Vec<_>>(),
+        uses_fp8(m),
+    );
+    writeln!(h, "#define FLASHGEN_INSTANCE_URI \"{}\"", inst.uri).unwrap();
+    writeln!(h, "#define FLASHGEN_DISPATCHING 0\n").unwrap();
+    for v in &variants {
+        h.push_str(&variant_tag(&v.name, &v.struct_name));
+    }
+    for (axis, &index) in m.axes.iter().zip(&inst.choice) {
+        let value = &axis.values[index];
+        writeln!(
+            h,
+            "// axis {} ({}): {value}",
+            axis.name,
+            kind_name(axis.kind)
+        )
+        .unwrap();
+        h.push_str(&code_defines(axis));
+        match (axis.kind, value) {
+            (AxisKind::Int, Value::Int(v)) => {
+                writeln!(h, "constexpr int {} = {v};", axis.c_names[0]).unwrap()
+            }
+            (AxisKind::Bool, Value::Bool(v)) => {
+                writeln!(h, "constexpr bool {} = {v};", axis.c_names[0]).unwrap()
+            }
+            (AxisKind::Enum, _) => writeln!(
+                h,
+                "constexpr int {} = {};",
+                axis.c_names[0],
+                axis.code(index)
+            )
+            .unwrap(),
+            (AxisKind::Dtype, Value::Name(d)) => {
+                for alias in &axis.c_names {
+                    writeln!(h, "using {alias} = {};", cuda_type(d)).unwrap();
+                }
+            }
+            (AxisKind::Variant, Value::Name(name)) => {
+                let v = matrix.variant(name).expect("validated variant");
+                writeln!(h, "#define ATTENTION_VARIANT {}", v.struct_name).unwrap();
+                writeln!(
+                    h,
+                    "#define ADDITIONAL_PARAMS_DECL {}",
+                    params_decl(&v.params)
+                )
+                .unwrap();
+            }
+            _ => unreachable!("values are validated against their axis kind"),
+        }
+        let case = format!(
+            "if ((value) != {}) return false; {}",
+            axis.code(index),
+            binding(axis, index)
+        );
+        writeln!(
+            h,
+            "#define DISPATCH_{}(value, NAME, ...) \\\n  [&]() -> bool {{ {case} __VA_ARGS__ return true; }}()\n",
+            axis.name
+        )
+        .unwrap();
+    }
+    h
+}
+
+/// The dispatching header for module `m`: each `DISPATCH_<axis>` switches over the values the
+/// selected instances use, so one binary holds all of their combinations.
+pub fn dispatch_header(
+    matrix: &Matrix,
+    m: &Module,
+    selected: &[&Instance],
+    regenerate: &str,
+) -> String {
+    // The values each axis takes among the selection, in axis order.
+    let mut used: Vec<Vec<usize>> = vec![Vec::new(); m.axes.len()];
+    for inst in selected {
+        for (ai, &vi) in inst.choice.iter().enumerate() {
+            if !used[ai].contains(&vi) {
+                used[ai].push(vi);
+            }
+        }
+    }
+    for u in &mut used {
+        u.sort_unstable();
+    }
+    let variants: Vec<_> = m
+        .axes
+        .iter()
+        .zip(&used)
+        .filter(|(a, _)| a.kind == AxisKind::Variant)
+        .flat_map(|(a, u)| u.iter().map(move |&i| a.values[i].to_string()))
+        .filter_map(|n| matrix.variant(&n))
+        .collect();
+    let includes: Vec<String> = variants.iter().map(|v| v.include_name()).collect();
+    let mut h = prologue(regenerate, m, &includes, uses_fp8(m));
+    writeln!(h, "#define FLASHGEN_DISPATCHING 1\n").unwrap();
+    for v in &variants {
+        h.push_str(&variant_tag(&v.name, &v.struct_name));
+    }
+    // The union of the listed variants' parameters: each name once.
+    let mut params: Vec<ParamDecl> = Vec::new();
+    for v in &variants {
+        for p in &v.params {
+            if !params.iter().any(|q| q.name == p.name) {
+                params.push(p.clone());
+            }
+        }
+    }
+    if m.axes.iter().any(|a| a.kind == AxisKind::Variant) {
+        writeln!(
+            h,
+            "#define ADDITIONAL_PARAMS_DECL {}\n",
+            params_decl(&params)
+        )
+        .unwrap();
+    }
+    for (axis, values) in m.axes.iter().zip(&used) {
+        let listed: Vec<String> = values.iter().map(|&i| axis.values[i].to_string()).collect();
+        writeln!(
+            h,
+            "// axis {} ({}): {}",
+            axis.name,
+            kind_name(axis.kind),
+            listed.join(", ")
+        )
+        .unwrap();
+        h.push_str(&code_defines(axis));
+        writeln!(h, "#define DISPATCH_{}(value, NAME, ...) \\", axis.name).unwrap();
+        writeln!(h, "  [&]() -> bool {{ \\").unwrap();
+        writeln!(h, "    switch (static_cast<long long>(value)) {{ \\").unwrap();
+        for &i in values {
+            writeln!(
+                h,
+                "      case {}: {{ {} __VA_ARGS__ return true; }} \\",
+                axis.code(i),
+                binding(axis, i)
+            )
+            .unwrap();
+        }
+        writeln!(h, "      default: return false; \\").unwrap();
+        writeln!(h, "    }} \\\n  }}()\n").unwrap();
+    }
+    h
+}
+
+fn prologue(regenerate: &str, m: &Module, variant_includes: &[String], fp8: bool) -> String {
+    let mut h = String::new();
+    writeln!(
+        h,
+        "// @generated by flashgen {}: do not edit.",
+        env!("CARGO_PKG_VERSION")
+    )
+    .unwrap();
+    writeln!(h, "// Regenerate with: {regenerate}").unwrap();
+    h.push_str("#pragma once\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
+    if fp8 {
+        h.push_str("#include <cuda_fp8.h>\n");
+    }
+    for inc in variant_includes {
+        writeln!(h, "#include <{inc}>").unwrap();
+    }
+    writeln!(h, "\n#define FLASHGEN_MODULE \"{}\"", m.name).unwrap();
+    h
+}
+
+fn uses_fp8(m: &Module) -> bool {
+    m.axes.iter().any(|a| {
+        a.kind == AxisKind::Dtype && a.values.iter().any(|v| v.to_string().starts_with("fp8"))
+    })
+}
+
+fn kind_name(kind: AxisKind) -> &'static str {
+    match kind {
+        AxisKind::Dtype => "dtype",
+        AxisKind::Int => "int",
+        AxisKind::Bool => "bool",
+        AxisKind::Enum => "enum",
+        AxisKind::Variant => "variant",
+    }
+}
+
+/// `#define FLASHGEN_CODE_<axis>_<value> <code>` for name-valued axes, so C code can spell codes.
+fn code_defines(axis: &Axis) -> String {
+    match axis.kind {
+        AxisKind::Dtype | AxisKind::Enum | AxisKind::Variant => (0..axis.values.len())
+            .map(|i| {
+                format!(
+                    "#define FLASHGEN_CODE_{}_{} {}\n",
+                    axis.name,
+                    axis.values[i],
+                    axis.code(i)
+                )
+            })
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The declaration that binds `NAME` to value `index` inside a dispatch case.
+fn binding(axis: &Axis, index: usize) -> String {
+    match (&axis.kind, &axis.values[index]) {
+        (AxisKind::Int, Value::Int(v)) => format!("constexpr int NAME = {v};"),
+        (AxisKind::Bool, Value::Bool(v)) => format!("constexpr bool NAME = {v};"),
+        (AxisKind::Enum, _) => format!("constexpr int NAME = {};", axis.code(index)),
+        (AxisKind::Dtype, Value::Name(d)) => format!("using NAME = {};", cuda_type(d)),
+        (AxisKind::Variant, Value::Name(n)) => format!("using NAME = FlashgenVariant_{n};"),
+        _ => unreachable!("values are validated against their axis kind"),
+    }
+}
+
+fn variant_tag(name: &str, struct_name: &str) -> String {
+    format!(
+        "struct FlashgenVariant_{name} {{\n  template <typename Params> using type = {struct_name}<Params>;\n  static constexpr const char* name = \"{name}\";\n}};\n\n"
+    )
+}
+
+fn params_decl(params: &[ParamDecl]) -> String {
+    params
+        .iter()
+        .map(|p| format!("{} {};", p.c_type, p.name))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cuda_type(dtype: &str) -> &'static str {
+    DTYPES
+        .iter()
+        .find(|(d, _)| *d == dtype)
+        .map(|(_, c)| *c)
+        .expect("validated dtype")
+}

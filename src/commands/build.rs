@@ -1,0 +1,108 @@
+//! `flashgen build`: compile the selected instances into `--out`.
+
+use anyhow::{bail, Result};
+use serde_json::json;
+
+use crate::build::{default_jobs, BuildOptions, BuildReport, Builder};
+use crate::cli::{BuildArgs, CompileArgs};
+use crate::matrix::Matrix;
+use crate::ui::Ui;
+
+pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
+    let ui = Ui::new(args.compile.quiet || args.json);
+    let selected = args.compile.filter.select(matrix)?;
+    let builder = super::builder(
+        matrix,
+        args.compile.arch.as_deref(),
+        !args.compile.no_compress,
+    )?;
+    let report = builder.build(
+        &selected,
+        &options(&args.compile, &builder, args.out.clone()),
+        &ui,
+    )?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary_json(&builder, &report))?
+        );
+    }
+    finish(&report, &ui, &args.out)
+}
+
+pub(crate) fn options(
+    c: &CompileArgs,
+    builder: &Builder,
+    out_dir: std::path::PathBuf,
+) -> BuildOptions {
+    BuildOptions {
+        out_dir,
+        archs: builder.archs.clone(),
+        jobs: default_jobs(c.jobs),
+        keep_going: c.keep_going,
+        compress: !c.no_compress,
+    }
+}
+
+pub(crate) fn summary_json(builder: &Builder, r: &BuildReport) -> serde_json::Value {
+    let compiled = r.built.iter().filter(|b| !b.cached).count();
+    json!({
+        "built": compiled,
+        "cached": r.built.len() - compiled,
+        "failed": r.failures.iter().map(|f| json!({"uri": f.uri, "command": f.command, "status": f.status, "stderr": f.stderr})).collect::<Vec<_>>(),
+        "not_started": r.not_started,
+        "wall_s": r.wall.as_secs_f64(),
+        "jobs": r.jobs,
+        "compile_s": r.built.iter().filter_map(|b| b.compile_time).map(|t| t.as_secs_f64()).sum::<f64>(),
+        "toolchain": {"nvcc": builder.toolchain.nvcc, "nvcc_version": builder.toolchain.nvcc_version},
+        "instances": r.built.iter().map(|b| builder.instance_json(b, true)).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints failures in full and the one-line summary; an error when anything failed.
+pub(crate) fn finish(r: &BuildReport, ui: &Ui, out: &std::path::Path) -> Result<()> {
+    for f in &r.failures {
+        eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
+        eprintln!("command (reproduces this compile alone):\n  {}", f.command);
+        eprintln!("--- stderr ---");
+        let text = f.stderr.trim_end();
+        eprintln!(
+            "{}",
+            if text.is_empty() {
+                "<stderr is empty>"
+            } else {
+                text
+            }
+        );
+        eprintln!("--------------");
+    }
+    let compiled = r.built.iter().filter(|b| !b.cached).count();
+    ui.status(format!(
+        "{} instances in {}: {compiled} compiled, {} cached, {} failed{} ({:.2}s, {} jobs)",
+        r.built.len() + r.failures.len() + r.not_started.len(),
+        out.display(),
+        r.built.len() - compiled,
+        r.failures.len(),
+        if r.not_started.is_empty() {
+            String::new()
+        } else {
+            format!(", {} not started", r.not_started.len())
+        },
+        r.wall.as_secs_f64(),
+        r.jobs,
+    ));
+    if !r.failures.is_empty() {
+        let uris: Vec<&str> = r.failures.iter().map(|f| f.uri.as_str()).collect();
+        let hint = if r.not_started.is_empty() {
+            ""
+        } else {
+            " (stopped early; --keep-going builds the rest)"
+        };
+        bail!(
+            "{} instance(s) failed to compile: {}{hint}",
+            uris.len(),
+            uris.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! `flashgen doctor`: what a build would use, or why it cannot run.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde_json::json;
+
+use crate::arch;
+use crate::build::default_jobs;
+use crate::cache::Cache;
+use crate::cli::DoctorArgs;
+use crate::matrix::Matrix;
+use crate::toolchain::Toolchain;
+
+pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Result<()> {
+    let cache = Cache::default_dir();
+    let toolchain = Toolchain::discover(&cache);
+    let matrix = Matrix::load(config, variants_files);
+    let config_archs = matrix.as_ref().map(|m| m.archs.clone()).unwrap_or_default();
+    let archs = arch::resolve(args.arch.as_deref(), &config_archs);
+    let jobs = default_jobs(None);
+    let err = |e: &anyhow::Error| format!("{e:#}");
+    if args.json {
+        let v = json!({
+            "toolchain": toolchain.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |t| json!(t)),
+            "archs": archs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |(a, src)| json!({"list": super::archs_text(a), "from": src})),
+            "jobs": jobs,
+            "cache_dir": cache,
+            "config": matrix.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |m| json!({"path": m.config_path, "instances": m.instances.len(), "aot": m.instances.iter().filter(|i| i.aot).count()})),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        match &toolchain {
+            Ok(t) => {
+                println!("nvcc:          {} ({})", t.nvcc.display(), t.found_by);
+                println!("nvcc version:  {}", t.nvcc_version);
+                println!(
+                    "host compiler: {} ({})",
+                    t.host_compiler,
+                    t.host_compiler_path.display()
+                );
+            }
+            Err(e) => println!("nvcc:          NOT FOUND\n{e}"),
+        }
+        match &archs {
+            Ok((a, src)) => println!("archs:         {} (from {src})", super::archs_text(a)),
+            Err(e) => println!("archs:         {e}"),
+        }
+        println!("jobs:          {jobs}");
+        println!("cache:         {}", super::display(&cache));
+        match &matrix {
+            Ok(m) => println!(
+                "config:        {} ({} instances, {} precompiled)",
+                m.config_path.display(),
+                m.instances.len(),
+                m.instances.iter().filter(|i| i.aot).count()
+            ),
+            Err(e) => println!("config:        {e:#}"),
+        }
+    }
+    toolchain.map(|_| ())
+}

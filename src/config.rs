@@ -1,0 +1,171 @@
+//! The plain mirror of `variants.json`: serde types that accept exactly what the file may say.
+//!
+//! Nothing here checks meaning (that is `matrix`'s job); this module only reads the file, refuses
+//! unknown keys and duplicated names, and reports syntax errors with `file:line:column`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::UsageError;
+
+/// A JSON object whose keys must be unique; keeps the order the file gives.
+#[derive(Debug, Clone)]
+pub struct UniqueMap<V>(pub Vec<(String, V)>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(Vec::new())
+    }
+}
+
+impl<V> UniqueMap<V> {
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct UniqueVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for UniqueVisitor<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object with unique keys")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries: Vec<(String, V)> = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if entries.iter().any(|(k, _)| *k == key) {
+                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                    }
+                    let value = map.next_value()?;
+                    entries.push((key, value));
+                }
+                Ok(UniqueMap(entries))
+            }
+        }
+        deserializer.deserialize_map(UniqueVisitor(std::marker::PhantomData))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Default GPU architectures, as PyTorch users write them ("8.0", "9.0a", "90+PTX").
+    #[serde(default)]
+    pub archs: Vec<String>,
+    /// Extra nvcc flags for every instance.
+    #[serde(default)]
+    pub nvcc_flags: Vec<String>,
+    #[serde(default)]
+    pub variants: UniqueMap<VariantDecl>,
+    pub modules: UniqueMap<ModuleDecl>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantDecl {
+    /// Header path under `include/` (or absolute, for user variants given by `--variants-file`).
+    pub header: String,
+    /// The struct template the kernels instantiate as `ATTENTION_VARIANT<Params>`.
+    #[serde(rename = "struct")]
+    pub struct_name: String,
+    #[serde(default)]
+    pub params: Vec<ParamDecl>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParamDecl {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub c_type: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleDecl {
+    /// The translation unit, relative to `csrc/`.
+    pub source: String,
+    /// The `extern "C"` symbols the module exports.
+    pub entry_points: Vec<String>,
+    pub axes: Vec<AxisDecl>,
+    #[serde(default)]
+    pub aot: AotDecl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AxisKind {
+    Dtype,
+    Int,
+    Bool,
+    Enum,
+    Variant,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AxisDecl {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: AxisKind,
+    pub values: Vec<Value>,
+    /// C names the axis defines: the constant's name (default: the axis name upper-cased), or
+    /// for a dtype axis one type alias per name.
+    #[serde(default)]
+    pub c_names: Option<Vec<String>>,
+}
+
+/// The precompiled subset: the union of `include` selections minus every `exclude` selection.
+/// A selection maps axis names to the values it allows; an axis it leaves out allows all.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AotDecl {
+    #[serde(default)]
+    pub include: Vec<UniqueMap<Vec<Value>>>,
+    #[serde(default)]
+    pub exclude: Vec<UniqueMap<Vec<Value>>>,
+}
+
+/// User variants added for one run (`--variants-file`), as the JIT loader writes them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantsFile {
+    pub variants: UniqueMap<VariantDecl>,
+}
+
+/// Reads and parses a JSON file, turning serde's error into `file:line:column: message`.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        UsageError::new(format!("cannot read {}: {e}", path.display()))
+            .with_hint("run flashgen in the folder that holds variants.json, or pass --config PATH")
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        UsageError::new(format!(
+            "{}:{}:{}: {}",
+            path.display(),
+            e.line(),
+            e.column(),
+            strip_position(&e.to_string())
+        ))
+        .into()
+    })
+}
+
+/// serde_json appends " at line L column C"; the message leads with the position already.
+fn strip_position(msg: &str) -> &str {
+    msg.rfind(" at line ").map_or(msg, |i| &msg[..i])
+}
+
+/// Where the config file lives: `--config`, else `./variants.json`.
+pub fn config_path(given: Option<&Path>) -> PathBuf {
+    given.map_or_else(|| PathBuf::from("variants.json"), Path::to_path_buf)
+}

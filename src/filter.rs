@@ -1,0 +1,153 @@
+//! Selecting instances: `--module`, `--where AXIS=GLOB` (repeatable, ANDed) and `--aot`.
+
+use anyhow::Result;
+use clap::Args;
+use globset::{Glob, GlobMatcher};
+
+use crate::error::{NoMatch, UsageError};
+use crate::instance::Instance;
+use crate::matrix::Matrix;
+
+/// The filters shared by every command that acts on instances.
+#[derive(Debug, Clone, Default, Args)]
+pub struct FilterArgs {
+    /// Only instances of this module.
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Only instances whose AXIS value matches VALUE, a shell-style glob (`head_dim=*6*`).
+    /// Repeat to AND several terms.
+    #[arg(long = "where", value_name = "AXIS=VALUE")]
+    pub wheres: Vec<String>,
+    /// Only the precompiled (AOT) subset.
+    #[arg(long)]
+    pub aot: bool,
+}
+
+struct Term {
+    axis: String,
+    pattern: String,
+    glob: GlobMatcher,
+}
+
+impl FilterArgs {
+    /// The instances the filters select, in matrix order. A filter that names an unknown module
+    /// or axis is a usage error; one that matches nothing is a [`NoMatch`].
+    pub fn select<'m>(&self, matrix: &'m Matrix) -> Result<Vec<&'m Instance>> {
+        let module = match &self.module {
+            None => None,
+            Some(name) => Some(
+                matrix
+                    .modules
+                    .iter()
+                    .position(|m| &m.name == name)
+                    .ok_or_else(|| {
+                        let names: Vec<_> =
+                            matrix.modules.iter().map(|m| m.name.as_str()).collect();
+                        UsageError::new(format!(
+                            "--module: no module `{name}` in {}",
+                            matrix.config_path.display()
+                        ))
+                        .with_hint(format!("modules: {}", names.join(", ")))
+                    })?,
+            ),
+        };
+        let in_scope = |i: &Instance| module.is_none_or(|m| i.module == m);
+        let terms = self.terms()?;
+        for t in &terms {
+            let known = matrix
+                .modules
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| module.is_none_or(|m| m == *i))
+                .any(|(_, m)| m.axis(&t.axis).is_some());
+            if !known {
+                let mut axes: Vec<&str> = matrix
+                    .modules
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| module.is_none_or(|m| m == *i))
+                    .flat_map(|(_, m)| m.axes.iter().map(|a| a.name.as_str()))
+                    .collect();
+                axes.sort();
+                axes.dedup();
+                return Err(
+                    UsageError::new(format!("--where: unknown axis `{}`", t.axis))
+                        .with_hint(format!("valid axes: {}", axes.join(", ")))
+                        .into(),
+                );
+            }
+        }
+        let matches = |inst: &Instance, t: &Term| {
+            let m = matrix.module(inst);
+            m.axes
+                .iter()
+                .position(|a| a.name == t.axis)
+                .is_some_and(|ai| {
+                    t.glob
+                        .is_match(m.axes[ai].values[inst.choice[ai]].to_string())
+                })
+        };
+        let selected: Vec<&Instance> = matrix
+            .instances
+            .iter()
+            .filter(|i| in_scope(i) && (!self.aot || i.aot) && terms.iter().all(|t| matches(i, t)))
+            .collect();
+        if selected.is_empty() && (self.aot || !terms.is_empty()) {
+            return Err(self.explain_no_match(matrix, module, &terms).into());
+        }
+        Ok(selected)
+    }
+
+    fn terms(&self) -> Result<Vec<Term>> {
+        self.wheres
+            .iter()
+            .map(|w| {
+                let (axis, pattern) = w.split_once('=').ok_or_else(|| {
+                    UsageError::new(format!("--where `{w}`: expected AXIS=VALUE"))
+                        .with_hint("for example --where head_dim=128 or --where 'dtype=*16'")
+                })?;
+                let glob = Glob::new(pattern)
+                    .map_err(|e| UsageError::new(format!("--where `{w}`: bad glob: {e}")))?
+                    .compile_matcher();
+                Ok(Term {
+                    axis: axis.to_string(),
+                    pattern: pattern.to_string(),
+                    glob,
+                })
+            })
+            .collect()
+    }
+
+    fn explain_no_match(&self, matrix: &Matrix, module: Option<usize>, terms: &[Term]) -> NoMatch {
+        let mut lines = vec!["no instance matches the filters".to_string()];
+        for t in terms {
+            let mut values: Vec<String> = Vec::new();
+            for (i, m) in matrix.modules.iter().enumerate() {
+                if module.is_some_and(|mm| mm != i) {
+                    continue;
+                }
+                if let Some(a) = m.axis(&t.axis) {
+                    for v in &a.values {
+                        let s = v.to_string();
+                        if !values.contains(&s) {
+                            values.push(s);
+                        }
+                    }
+                }
+            }
+            let hit = values.iter().any(|v| t.glob.is_match(v));
+            let mark = if hit { "" } else { " (matches none)" };
+            lines.push(format!(
+                "  --where {}={}{mark}: values on axis `{}`: {}",
+                t.axis,
+                t.pattern,
+                t.axis,
+                values.join(", ")
+            ));
+        }
+        if self.aot {
+            lines.push("  --aot: only the precompiled subset was searched".into());
+        }
+        NoMatch(lines.join("\n"))
+    }
+}

@@ -1,0 +1,85 @@
+//! File writes that never leave a half-written file: write a temp file beside, then rename.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Writes `bytes` to `path` atomically; returns false (and leaves the file and its mtime alone)
+/// when the content is already there.
+pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(false);
+    }
+    write_atomic(path, bytes)?;
+    Ok(true)
+}
+
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Places `src` at `dst` atomically: a hard link when both are on one file system, else a copy.
+pub fn place_file(src: &Path, dst: &Path) -> Result<()> {
+    let dir = dst.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)?
+        .into_temp_path();
+    std::fs::remove_file(&tmp)?;
+    if std::fs::hard_link(src, &tmp).is_err() {
+        std::fs::copy(src, &tmp)
+            .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
+    }
+    tmp.persist(dst)
+        .with_context(|| format!("cannot write {}", dst.display()))?;
+    Ok(())
+}
+
+/// Total size of the files under `path`.
+pub fn tree_size(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path)
+        .map(|rd| rd.flatten().map(|e| tree_size(&e.path())).sum())
+        .unwrap_or(0)
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+pub fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(format!("{:x}", h.finalize()))
+}

@@ -1,0 +1,216 @@
+//! Finding nvcc and the host compiler, and the version strings that key the build cache.
+//!
+//! Search order: `FLASHGEN_NVCC`, `CUDA_HOME`/`CUDA_PATH`, `nvcc` on PATH, then the PyPI package
+//! `nvidia-cuda-nvcc` in the active Python environment (`FLASHGEN_PYTHON`, `VIRTUAL_ENV`,
+//! `CONDA_PREFIX`, else the `python3` on PATH). Version strings are memoized in the cache folder
+//! by the compilers' path, size and mtime, so a warm run spawns no process for them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::UsageError;
+use crate::fsutil;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Toolchain {
+    pub nvcc: PathBuf,
+    /// How it was found (`FLASHGEN_NVCC`, `CUDA_HOME`, `PATH`, `python package`).
+    pub found_by: String,
+    /// e.g. `13.0.88` (from `release 13.0, V13.0.88`).
+    pub nvcc_version: String,
+    /// The whole `nvcc --version` text, which is what keys the cache.
+    #[serde(skip)]
+    pub nvcc_version_text: String,
+    pub host_compiler: String,
+    pub host_compiler_path: PathBuf,
+    /// `lib64`/`lib` beside `bin/nvcc`, passed with `-L` (the PyPI nvcc needs it to link).
+    pub lib_dirs: Vec<PathBuf>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Versions {
+    nvcc: String,
+    host: String,
+}
+
+impl Toolchain {
+    pub fn discover(cache_dir: &Path) -> Result<Toolchain> {
+        let (nvcc, found_by) = find_nvcc()?;
+        let host_compiler_path = std::env::var_os("NVCC_CCBIN")
+            .map(PathBuf::from)
+            .or_else(|| which::which("g++").ok())
+            .or_else(|| which::which("c++").ok())
+            .ok_or_else(|| {
+                UsageError::new(
+                    "no host C++ compiler found for nvcc (looked for NVCC_CCBIN, g++, c++)",
+                )
+                .with_hint("install g++ (apt-get install g++) or set NVCC_CCBIN")
+            })?;
+        let versions = versions(cache_dir, &nvcc, &host_compiler_path)?;
+        let nvcc_version = versions
+            .nvcc
+            .lines()
+            .find_map(|l| l.split(", V").nth(1))
+            .unwrap_or("unknown")
+            .trim()
+            .to_string();
+        let root = nvcc
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let lib_dirs = ["lib64", "lib"]
+            .iter()
+            .map(|d| root.join(d))
+            .filter(|d| d.is_dir())
+            .collect();
+        Ok(Toolchain {
+            nvcc,
+            found_by,
+            nvcc_version,
+            nvcc_version_text: versions.nvcc,
+            host_compiler: versions.host.lines().next().unwrap_or("").to_string(),
+            host_compiler_path,
+            lib_dirs,
+        })
+    }
+}
+
+fn find_nvcc() -> Result<(PathBuf, String)> {
+    if let Some(p) = std::env::var_os("FLASHGEN_NVCC") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok((p, "FLASHGEN_NVCC".into()))
+        } else {
+            Err(UsageError::new(format!("FLASHGEN_NVCC={} is not a file", p.display())).into())
+        };
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var) {
+            let p = PathBuf::from(home).join("bin/nvcc");
+            if p.is_file() {
+                return Ok((p, var.into()));
+            }
+        }
+    }
+    if let Ok(p) = which::which("nvcc") {
+        return Ok((p, "PATH".into()));
+    }
+    for site in python_site_packages() {
+        for rel in ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"] {
+            let p = site.join(rel);
+            if p.is_file() {
+                return Ok((
+                    p,
+                    format!("python package nvidia-cuda-nvcc in {}", site.display()),
+                ));
+            }
+        }
+    }
+    Err(UsageError::new("nvcc not found (looked at FLASHGEN_NVCC, CUDA_HOME, CUDA_PATH, PATH and the active Python environment)")
+        .with_hint(
+            "install the CUDA toolchain from PyPI into your environment:\n    pip install nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-nvvm==13.0.88\nor point CUDA_HOME (or FLASHGEN_NVCC) at a CUDA installation",
+        )
+        .into())
+}
+
+/// site-packages folders of the active Python environment, most specific first.
+fn python_site_packages() -> Vec<PathBuf> {
+    let mut prefixes = Vec::new();
+    if let Some(py) = std::env::var_os("FLASHGEN_PYTHON") {
+        if let Some(sp) = ask_python(Path::new(&py)) {
+            return vec![sp];
+        }
+    }
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(p) = std::env::var_os(var) {
+            prefixes.push(PathBuf::from(p));
+        }
+    }
+    let mut out: Vec<PathBuf> = prefixes
+        .iter()
+        .flat_map(|p| glob_site_packages(p))
+        .collect();
+    if out.is_empty() {
+        if let Ok(py) = which::which("python3") {
+            out.extend(ask_python(&py));
+        }
+    }
+    out
+}
+
+fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let lib = prefix.join("lib");
+    let Ok(rd) = std::fs::read_dir(&lib) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+        .map(|e| e.path().join("site-packages"))
+        .filter(|p| p.is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+fn ask_python(python: &Path) -> Option<PathBuf> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn versions(cache_dir: &Path, nvcc: &Path, host: &Path) -> Result<Versions> {
+    let mut id = Sha256::new();
+    for p in [nvcc, host] {
+        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        id.update(format!("{}|{}|{:?}\n", p.display(), meta.len(), mtime));
+    }
+    let memo = cache_dir
+        .join("toolchain")
+        .join(format!("{:x}.json", id.finalize()));
+    if let Ok(text) = std::fs::read_to_string(&memo) {
+        if let Ok(v) = serde_json::from_str::<Versions>(&text) {
+            return Ok(v);
+        }
+    }
+    let v = Versions {
+        nvcc: version_text(nvcc)?,
+        host: version_text(host)?,
+    };
+    // A cache we cannot write only costs a process next time.
+    let _ = fsutil::write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
+    Ok(v)
+}
+
+fn version_text(program: &Path) -> Result<String> {
+    let out = Command::new(program)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {} --version", program.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`{} --version` failed ({}):\n{}",
+            program.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
