@@ -173,10 +173,11 @@ impl<'m> Builder<'m> {
         ui: &Ui,
     ) -> Result<BuildReport<'m>> {
         let start = Instant::now();
-        std::fs::create_dir_all(&opts.out_dir).with_context(|| {
-            format!("cannot create the output folder {}", opts.out_dir.display())
-        })?;
-        let prepared = self.prepare(selected, Some(&opts.out_dir.join("generated")))?;
+        // Absolute, so that every printed nvcc command works from any folder.
+        let out_dir = std::path::absolute(&opts.out_dir)?;
+        std::fs::create_dir_all(&out_dir)
+            .with_context(|| format!("cannot create the output folder {}", out_dir.display()))?;
+        let prepared = self.prepare(selected, Some(&out_dir.join("generated")))?;
         let lookups: Vec<Option<Entry>> = prepared
             .par_iter()
             .map(|p| self.cache.lookup(&p.key))
@@ -244,7 +245,7 @@ impl<'m> Builder<'m> {
                 inst: p.inst,
                 key: p.key.clone(),
                 entry,
-                path: opts.out_dir.join(format!("{}.so", p.inst.uri)),
+                path: out_dir.join(format!("{}.so", p.inst.uri)),
                 cached,
                 compile_time,
             });
@@ -252,7 +253,7 @@ impl<'m> Builder<'m> {
         built
             .par_iter()
             .try_for_each(|b| place_if_needed(&b.entry.path, &b.path))?;
-        self.write_manifest(&opts.out_dir, &built)?;
+        self.write_manifest(&out_dir, &built)?;
 
         let mut failures = failures.into_inner().unwrap();
         failures.sort_by(|a, b| a.uri.cmp(&b.uri));

@@ -13,6 +13,13 @@ use crate::matrix::{Axis, Matrix, Module, Value, DTYPES};
 /// The name the kernels include; nvcc finds it through `-I <generated folder>`.
 pub const HEADER_NAME: &str = "flashgen_instance.cuh";
 
+/// Runs a dispatch body and reports whether every dispatch nested in it hit too: a miss anywhere
+/// bumps a thread-local count, so `DISPATCH_a(.., { DISPATCH_b(.., {..}); })` is false when
+/// either value is one this binary does not hold, without the body having to pass results up.
+const BODY: &str = "const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before;";
+
+const MISS_COUNTER: &str = "// Dispatch misses on this thread (see DISPATCH_*): lets nested dispatches report a miss.\ninline unsigned& flashgen_dispatch_misses() {\n  static thread_local unsigned misses = 0;\n  return misses;\n}\n";
+
 /// The one-instance header for `inst`.
 pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
     let m = matrix.module(inst);
@@ -79,15 +86,18 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
             }
             _ => unreachable!("values are validated against their axis kind"),
         }
-        let case = format!(
-            "if ((value) != {}) return false; {}",
-            axis.code(index),
-            binding(axis, index)
-        );
+        writeln!(h, "#define DISPATCH_{}(value, NAME, ...) \\", axis.name).unwrap();
+        writeln!(h, "  [&]() -> bool {{ \\").unwrap();
         writeln!(
             h,
-            "#define DISPATCH_{}(value, NAME, ...) \\\n  [&]() -> bool {{ {case} __VA_ARGS__ return true; }}()\n",
-            axis.name
+            "    if ((value) != {}) {{ ++flashgen_dispatch_misses(); return false; }} \\",
+            axis.code(index)
+        )
+        .unwrap();
+        writeln!(
+            h,
+            "    {} \\\n    {BODY} \\\n  }}()\n",
+            binding(axis, index)
         )
         .unwrap();
     }
@@ -162,13 +172,17 @@ pub fn dispatch_header(
         for &i in values {
             writeln!(
                 h,
-                "      case {}: {{ {} __VA_ARGS__ return true; }} \\",
+                "      case {}: {{ {} {BODY} }} \\",
                 axis.code(i),
                 binding(axis, i)
             )
             .unwrap();
         }
-        writeln!(h, "      default: return false; \\").unwrap();
+        writeln!(
+            h,
+            "      default: ++flashgen_dispatch_misses(); return false; \\"
+        )
+        .unwrap();
         writeln!(h, "    }} \\\n  }}()\n").unwrap();
     }
     h
@@ -191,6 +205,8 @@ fn prologue(regenerate: &str, m: &Module, variant_includes: &[String], fp8: bool
         writeln!(h, "#include <{inc}>").unwrap();
     }
     writeln!(h, "\n#define FLASHGEN_MODULE \"{}\"", m.name).unwrap();
+    h.push_str(MISS_COUNTER);
+    h.push('\n');
     h
 }
 

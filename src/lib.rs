@@ -21,3 +21,4 @@ pub mod instance;
 pub mod matrix;
 pub mod toolchain;
 pub mod ui;
+pub mod wheel;

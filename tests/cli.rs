@@ -1,0 +1,731 @@
+//! Drives the real `flashgen` binary on fixture matrices: expansion, filters, JSON, generated
+//! headers, every bad-input case, the cache, reproducibility, nvcc failures and the dispatching
+//! header (compiled with real nvcc and queried through its exported host function).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+const TOY_INSTANCES: usize = 2 * 3 * 2 * 2 * 2;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A private copy of a fixture tree, so tests can edit it.
+struct Tree {
+    dir: tempfile::TempDir,
+}
+
+impl Tree {
+    fn new(fixture: &str) -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(&repo().join("tests/fixtures").join(fixture), dir.path());
+        Tree { dir }
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    fn write(&self, rel: &str, text: &str) {
+        std::fs::write(self.path(rel), text).unwrap();
+    }
+    /// `flashgen` run in this tree with its own cache.
+    fn cmd(&self) -> Command {
+        let mut c = Command::cargo_bin("flashgen").unwrap();
+        c.current_dir(self.dir.path())
+            .env("FLASHGEN_CACHE_DIR", self.path(".cache"));
+        c.env_remove("FLASHGEN_CUDA_ARCH_LIST")
+            .env_remove("TORCH_CUDA_ARCH_LIST")
+            .env_remove("MAX_JOBS");
+        if let Some(nvcc) = project_nvcc() {
+            c.env("FLASHGEN_NVCC", nvcc);
+        }
+        c
+    }
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// The pinned PyPI nvcc in the project venv (what CI installs), unless FLASHGEN_NVCC is set.
+fn project_nvcc() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FLASHGEN_NVCC") {
+        return Some(p.into());
+    }
+    let lib = repo().join(".venv/lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages/nvidia/cu13/bin/nvcc"))
+        .find(|p| p.is_file())
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", stdout(o), stderr(o)))
+}
+
+fn assert_usage_error(o: &Output, needles: &[&str]) {
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, stderr:\n{}",
+        stderr(o)
+    );
+    for n in needles {
+        assert!(stderr(o).contains(n), "stderr lacks {n:?}:\n{}", stderr(o));
+    }
+}
+
+// ---- expansion, URIs, filters, JSON ------------------------------------------------------
+
+#[test]
+fn expands_every_combination_with_unique_readable_uris() {
+    let t = Tree::new("toy");
+    let rows = json(&t.run(&["list-variants", "--json"]));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), TOY_INSTANCES);
+    let uris: std::collections::HashSet<_> =
+        rows.iter().map(|r| r["uri"].as_str().unwrap()).collect();
+    assert_eq!(uris.len(), TOY_INSTANCES);
+    assert_eq!(
+        rows[0]["uri"],
+        "toy_dtype_f16_width_32_fast_false_mode_sum_variant_plain"
+    );
+    assert_eq!(rows[0]["params"]["width"], 32);
+    assert_eq!(rows[0]["params"]["fast"], false);
+    assert_eq!(rows[0]["codes"]["dtype"], 0);
+    assert!(rows.iter().all(|r| r["uri"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_')));
+}
+
+#[test]
+fn aot_subset_is_include_minus_exclude() {
+    let t = Tree::new("toy");
+    let rows = json(&t.run(&["list-variants", "--json", "--aot"]));
+    // width=64 and fast=true: 2 dtypes x 2 modes x 2 variants, minus scaled+max (2 dtypes).
+    assert_eq!(rows.as_array().unwrap().len(), 6);
+    assert!(rows.as_array().unwrap().iter().all(|r| r["aot"] == true
+        && r["params"]["width"] == 64
+        && !(r["params"]["variant"] == "scaled" && r["params"]["mode"] == "max")));
+}
+
+#[test]
+fn where_terms_and_together_and_take_globs() {
+    let t = Tree::new("toy");
+    let rows = json(&t.run(&[
+        "list-variants",
+        "--json",
+        "--where",
+        "width=*6*",
+        "--where",
+        "dtype=bf16",
+    ]));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    assert!(rows
+        .iter()
+        .all(|r| r["params"]["width"] == 64 && r["params"]["dtype"] == "bf16"));
+    let table = stdout(&t.run(&[
+        "list-variants",
+        "--module",
+        "toy",
+        "--where",
+        "variant=sc*",
+        "--where",
+        "width=128",
+    ]));
+    assert!(table.starts_with("MODULE"), "{table}");
+    assert!(table.contains("toy_dtype_bf16_width_128_fast_true_mode_max_variant_scaled"));
+    assert!(table.contains("8 instances, 0 precompiled"), "{table}");
+}
+
+#[test]
+fn unknown_where_axis_lists_the_valid_ones() {
+    let t = Tree::new("toy");
+    let o = t.run(&["list-variants", "--where", "head_dim=128"]);
+    assert_usage_error(
+        &o,
+        &[
+            "unknown axis `head_dim`",
+            "dtype, fast, mode, variant, width",
+        ],
+    );
+}
+
+#[test]
+fn where_value_matching_nothing_exits_nonzero_with_existing_values() {
+    let t = Tree::new("toy");
+    let o = t.run(&["list-variants", "--where", "width=96"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("values on axis `width`: 32, 64, 128"),
+        "{}",
+        stderr(&o)
+    );
+    let o = t.run(&["list-variants", "--module", "nope"]);
+    assert_usage_error(&o, &["no module `nope`", "modules: toy"]);
+}
+
+// ---- bad config: exit 2, file and field named, nothing written ----------------------------
+
+fn bad_config(edit: impl FnOnce(&mut Value)) -> (Tree, Output) {
+    let t = Tree::new("toy");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path("variants.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    t.write(
+        "variants.json",
+        &serde_json::to_string_pretty(&cfg).unwrap(),
+    );
+    let o = t.run(&["build", "--out", "out"]);
+    assert!(
+        !t.path("out").exists(),
+        "a rejected config must write nothing"
+    );
+    (t, o)
+}
+
+#[test]
+fn malformed_json_names_file_line_and_column() {
+    let t = Tree::new("toy");
+    t.write(
+        "variants.json",
+        "{\n  \"archs\": [\"8.0\",\n  \"modules\": {}\n}\n",
+    );
+    let o = t.run(&["list-variants"]);
+    assert_usage_error(&o, &["variants.json:3:"]);
+}
+
+#[test]
+fn unknown_keys_are_errors() {
+    let (_, o) = bad_config(|c| c["modules"]["toy"]["axes"][0]["valuez"] = Value::from(1));
+    assert_usage_error(&o, &["variants.json:", "unknown field `valuez`"]);
+    let (_, o) = bad_config(|c| c["nvcc_flag"] = Value::from("-O3"));
+    assert_usage_error(&o, &["unknown field `nvcc_flag`"]);
+}
+
+#[test]
+fn empty_and_duplicated_axes_are_errors() {
+    let (_, o) = bad_config(|c| c["modules"]["toy"]["axes"][1]["values"] = serde_json::json!([]));
+    assert_usage_error(
+        &o,
+        &["modules.toy.axes[1].values", "axis `width` has no values"],
+    );
+    let (_, o) = bad_config(|c| {
+        let dup = c["modules"]["toy"]["axes"][1].clone();
+        c["modules"]["toy"]["axes"]
+            .as_array_mut()
+            .unwrap()
+            .push(dup);
+    });
+    assert_usage_error(
+        &o,
+        &["modules.toy.axes[5]", "axis `width` is declared twice"],
+    );
+    let (_, o) =
+        bad_config(|c| c["modules"]["toy"]["axes"][1]["values"] = serde_json::json!([32, 32]));
+    assert_usage_error(&o, &["value `32` appears twice"]);
+}
+
+#[test]
+fn variants_need_a_header_and_a_declaration() {
+    let (_, o) =
+        bad_config(|c| c["variants"]["plain"]["header"] = Value::from("toy/variants/missing.cuh"));
+    assert_usage_error(
+        &o,
+        &[
+            "variants.plain.header",
+            "include/toy/variants/missing.cuh does not exist",
+        ],
+    );
+    let (_, o) = bad_config(|c| {
+        c["modules"]["toy"]["axes"][4]["values"] = serde_json::json!(["plain", "ghost"])
+    });
+    assert_usage_error(
+        &o,
+        &[
+            "modules.toy.axes[4].values[1]",
+            "variant `ghost` is not declared",
+        ],
+    );
+}
+
+#[test]
+fn aot_selection_outside_its_axis_is_an_error() {
+    let (_, o) =
+        bad_config(|c| c["modules"]["toy"]["aot"]["include"][0]["width"] = serde_json::json!([96]));
+    assert_usage_error(
+        &o,
+        &[
+            "modules.toy.aot.include[0].width",
+            "value `96` is not on axis `width` (values: 32, 64, 128)",
+        ],
+    );
+    let (_, o) = bad_config(|c| {
+        c["modules"]["toy"]["aot"]["exclude"][0]["colour"] = serde_json::json!(["red"])
+    });
+    assert_usage_error(&o, &["aot.exclude[0].colour", "no axis `colour`"]);
+}
+
+#[test]
+fn colliding_uris_are_an_error() {
+    // Module `a_b` with axis `c` and module `a` with axis `b_c` both spell `a_b_c_1`.
+    let (_, o) = bad_config(|c| {
+        c["modules"]["a_b"] = serde_json::json!({"source": "toy.cu", "entry_points": ["x"], "axes": [{"name": "c", "type": "int", "values": [1]}]});
+        c["modules"]["a"] = serde_json::json!({"source": "toy.cu", "entry_points": ["x"], "axes": [{"name": "b_c", "type": "int", "values": [1]}]});
+    });
+    assert_usage_error(&o, &["two instances map to the URI `a_b_c_1`"]);
+}
+
+// ---- generated headers ---------------------------------------------------------------------
+
+#[test]
+fn generated_header_matches_snapshot_and_is_not_rewritten_when_unchanged() {
+    let t = Tree::new("toy");
+    let uri = "toy_dtype_bf16_width_128_fast_true_mode_max_variant_scaled";
+    let filters = [
+        "--where",
+        "dtype=bf16",
+        "--where",
+        "width=128",
+        "--where",
+        "fast=true",
+        "--where",
+        "mode=max",
+        "--where",
+        "variant=scaled",
+    ];
+    let o = t
+        .cmd()
+        .args(["generate", "--out", "gen"])
+        .args(filters)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let header_path = t.path("gen").join(uri).join("flashgen_instance.cuh");
+    let header = std::fs::read_to_string(&header_path).unwrap();
+    snapshot("toy_instance_header.cuh", &header);
+    assert!(header.starts_with("// @generated by flashgen"));
+    assert!(header.contains("Regenerate with: flashgen generate"));
+
+    let cc: Value = serde_json::from_str(
+        &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
+    )
+    .unwrap();
+    let args: Vec<&str> = cc[0]["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.iter().any(|a| a.ends_with(&format!("gen/{uri}"))),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"-gencode=arch=compute_80,code=sm_80"),
+        "{args:?}"
+    );
+
+    let before = std::fs::metadata(&header_path).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(t
+        .cmd()
+        .args(["generate", "--out", "gen"])
+        .args(filters)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    assert_eq!(
+        std::fs::metadata(&header_path).unwrap().modified().unwrap(),
+        before
+    );
+}
+
+#[test]
+fn dispatching_header_matches_snapshot() {
+    let t = Tree::new("toy");
+    let o = t.run(&[
+        "generate",
+        "--dispatch",
+        "--out",
+        "gen",
+        "--where",
+        "width=32",
+        "--where",
+        "width=*",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    snapshot(
+        "toy_dispatch_header.cuh",
+        &std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap(),
+    );
+}
+
+/// Compares with tests/snapshots/NAME; `UPDATE_SNAPSHOTS=1` rewrites it.
+fn snapshot(name: &str, actual: &str) {
+    let path = repo().join("tests/snapshots").join(name);
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing snapshot {} (run with UPDATE_SNAPSHOTS=1)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual, expected,
+        "snapshot {name} differs (UPDATE_SNAPSHOTS=1 rewrites it)"
+    );
+}
+
+// ---- real nvcc -----------------------------------------------------------------------------
+
+fn build_json(t: &Tree, out: &str, extra: &[&str]) -> Value {
+    let o = t
+        .cmd()
+        .args(["build", "--out", out, "--json", "--jobs", "2"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "build failed:\n{}", stderr(&o));
+    json(&o)
+}
+
+#[test]
+fn cache_hits_and_only_instances_that_include_a_changed_header_rebuild() {
+    let t = Tree::new("toy");
+    let sel = [
+        "--where",
+        "dtype=f16",
+        "--where",
+        "width=64",
+        "--where",
+        "fast=true",
+        "--where",
+        "mode=sum",
+    ];
+    let first = build_json(&t, "out", &sel);
+    assert_eq!(
+        (first["built"].as_u64(), first["cached"].as_u64()),
+        (Some(2), Some(0))
+    );
+    let again = build_json(&t, "out", &sel);
+    assert_eq!(
+        (again["built"].as_u64(), again["cached"].as_u64()),
+        (Some(0), Some(2))
+    );
+
+    // Edit the header only the `scaled` instance includes.
+    let h = t.path("include/toy/variants/scaled.cuh");
+    let text = std::fs::read_to_string(&h).unwrap();
+    std::fs::write(&h, format!("{text}\n// edited\n")).unwrap();
+    let after = build_json(&t, "out", &sel);
+    assert_eq!(
+        (after["built"].as_u64(), after["cached"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_ne!(
+        after["instances"][1]["fingerprint"],
+        first["instances"][1]["fingerprint"]
+    );
+    assert_eq!(
+        after["instances"][0]["fingerprint"],
+        first["instances"][0]["fingerprint"]
+    );
+
+    // The manifest lists every built instance with the sha256 of its file.
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path("out/manifest.json")).unwrap())
+            .unwrap();
+    for inst in manifest["instances"].as_array().unwrap() {
+        let bytes = std::fs::read(t.path("out").join(inst["path"].as_str().unwrap())).unwrap();
+        use sha2::Digest;
+        assert_eq!(
+            inst["sha256"].as_str().unwrap(),
+            format!("{:x}", sha2::Sha256::digest(&bytes))
+        );
+    }
+}
+
+#[test]
+fn same_inputs_give_identical_bytes_whatever_the_output_or_cache_folder() {
+    let t = Tree::new("toy");
+    let sel = [
+        "--where",
+        "dtype=bf16",
+        "--where",
+        "width=32",
+        "--where",
+        "fast=false",
+        "--where",
+        "mode=max",
+        "--where",
+        "variant=scaled",
+    ];
+    let a = build_json(&t, "out-a", &sel);
+    let o = t
+        .cmd()
+        .env("FLASHGEN_CACHE_DIR", t.path("other-cache"))
+        .args(["build", "--out", "elsewhere/out-b", "--json"])
+        .args(sel)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b = json(&o);
+    assert_eq!(
+        b["built"], 1,
+        "the second cache starts empty, so nvcc ran again"
+    );
+    let pa = a["instances"][0]["path"].as_str().unwrap();
+    let pb = b["instances"][0]["path"].as_str().unwrap();
+    assert_ne!(pa, pb);
+    assert_eq!(std::fs::read(pa).unwrap(), std::fs::read(pb).unwrap());
+    // Only libc, libm, libgcc_s and libstdc++ are needed.
+    let ldd = std::process::Command::new("ldd").arg(pa).output().unwrap();
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        let lib = line.split_whitespace().next().unwrap_or("");
+        assert!(
+            [
+                "linux-vdso",
+                "libc.so",
+                "libm.so",
+                "libgcc_s",
+                "libstdc++",
+                "/lib64/ld-linux"
+            ]
+            .iter()
+            .any(|ok| lib.starts_with(ok)),
+            "unexpected dependency {line}"
+        );
+    }
+}
+
+#[test]
+fn nvcc_failure_shows_uri_command_and_stderr_and_keeps_successes_cached() {
+    let t = Tree::new("toy");
+    // Break only the `scaled` variant.
+    t.write(
+        "include/toy/variants/scaled.cuh",
+        "#pragma once\n#error scaled is broken on purpose\n",
+    );
+    let sel = [
+        "--where",
+        "dtype=f16",
+        "--where",
+        "width=32",
+        "--where",
+        "fast=false",
+    ];
+    let o = t
+        .cmd()
+        .args(["build", "--out", "out", "--keep-going", "--jobs", "1"])
+        .args(sel)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("nvcc failed for toy_dtype_f16_width_32_fast_false_mode_sum_variant_scaled"),
+        "{err}"
+    );
+    assert!(err.contains("scaled is broken on purpose"), "{err}");
+    assert!(
+        err.contains("4 instances in out: 2 compiled, 0 cached, 2 failed"),
+        "{err}"
+    );
+    // The printed command reproduces the failure alone.
+    let line = err
+        .lines()
+        .skip_while(|l| !l.starts_with("command"))
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_string();
+    let again = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("scaled is broken on purpose"));
+    // Successes stay cached.
+    let o = t
+        .cmd()
+        .args([
+            "build",
+            "--out",
+            "out",
+            "--json",
+            "--where",
+            "variant=plain",
+        ])
+        .args(sel)
+        .output()
+        .unwrap();
+    assert_eq!(json(&o)["cached"], 2);
+    // Without --keep-going the build stops after the first failure.
+    let o = t
+        .cmd()
+        .args([
+            "build",
+            "--out",
+            "out2",
+            "--jobs",
+            "1",
+            "--where",
+            "variant=scaled",
+            "--where",
+            "dtype=bf16",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not started"), "{}", stderr(&o));
+}
+
+#[test]
+fn dispatching_header_reaches_each_listed_instantiation() {
+    let t = Tree::new("toy");
+    let o = t.run(&[
+        "generate",
+        "--dispatch",
+        "--out",
+        "gen",
+        "--where",
+        "width=[36]*",
+        "--where",
+        "fast=true",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cc: Value = serde_json::from_str(
+        &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
+    )
+    .unwrap();
+    let argv: Vec<String> = cc[0]["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let so = PathBuf::from(cc[0]["output"].as_str().unwrap());
+    let run = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let lib = unsafe { libloading::Library::new(&so).unwrap() };
+    let query: libloading::Symbol<unsafe extern "C" fn(*const i64, i64, *mut u8, i64) -> i32> =
+        unsafe { lib.get(b"toy_query").unwrap() };
+    let ask = |codes: [i64; 5]| {
+        let mut buf = [0u8; 256];
+        let rc = unsafe { query(codes.as_ptr(), 5, buf.as_mut_ptr(), 256) };
+        (
+            rc,
+            String::from_utf8_lossy(&buf[..buf.iter().position(|&b| b == 0).unwrap()]).into_owned(),
+        )
+    };
+    for (dcode, dname) in [(0, "f16"), (1, "bf16")] {
+        for width in [32, 64] {
+            for (mode, vcode, vname, label) in
+                [(0, 0, "plain", "Plain"), (1, 1, "scaled", "Scaled")]
+            {
+                let (rc, text) = ask([dcode, width, 1, mode, vcode]);
+                assert_eq!(rc, 0);
+                assert_eq!(text, format!("dtype={dname} width={width} fast=true mode={mode} variant={vname} struct={label}"));
+            }
+        }
+    }
+    // Values outside the listed ones reach nothing.
+    assert_eq!(ask([0, 128, 1, 0, 0]).0, 2);
+    assert_eq!(ask([0, 32, 0, 0, 0]).0, 2);
+}
+
+#[test]
+fn no_nvcc_is_one_clear_error() {
+    let t = Tree::new("toy");
+    let o = t
+        .cmd()
+        .env_remove("FLASHGEN_NVCC")
+        .env_remove("CUDA_HOME")
+        .env_remove("CUDA_PATH")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("CONDA_PREFIX")
+        .env("PATH", "/usr/bin:/bin")
+        .env("FLASHGEN_PYTHON", "/nonexistent/python")
+        .args(["build", "--out", "out", "--aot"])
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &o,
+        &[
+            "nvcc not found",
+            "pip install nvidia-cuda-nvcc==13.0.88",
+            "CUDA_HOME",
+        ],
+    );
+}
+
+#[test]
+fn arch_list_precedence_and_spellings() {
+    let t = Tree::new("toy");
+    let doctor = |envs: &[(&str, &str)], args: &[&str]| {
+        let mut c = t.cmd();
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        json(&c.args(["doctor", "--json"]).args(args).output().unwrap())["archs"].clone()
+    };
+    assert_eq!(doctor(&[], &[])["list"], "8.0");
+    assert_eq!(
+        doctor(&[("TORCH_CUDA_ARCH_LIST", "8.6;9.0+PTX")], &[])["list"],
+        "8.6 9.0+PTX"
+    );
+    assert_eq!(
+        doctor(
+            &[
+                ("TORCH_CUDA_ARCH_LIST", "8.6"),
+                ("FLASHGEN_CUDA_ARCH_LIST", "80;90a")
+            ],
+            &[]
+        )["list"],
+        "8.0 9.0a"
+    );
+    assert_eq!(
+        doctor(&[("FLASHGEN_CUDA_ARCH_LIST", "80")], &["--arch", "9.0a"])["list"],
+        "9.0a"
+    );
+}
