@@ -1,0 +1,72 @@
+"""flashgen: attention kernels built from one CUDA source tree, precompiled in the wheel or
+compiled on first use by the same build (the bundled ``flashgen`` binary), then cached.
+
+Public API::
+
+    flashgen.single_decode(q, k, v, *, kv_layout="NHD", variant="default", ...)
+    flashgen.batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, ...)
+    flashgen.Variant(name, source, params=[("logits_scale", "float")])   # a custom variant
+    flashgen.list_variants(module=None, **where)
+    flashgen.is_precompiled(module, **params)
+
+Importing flashgen imports only the standard library; tensors come from torch, cupy or any
+DLPack producer. Environment: ``FLASHGEN_CACHE_DIR`` (JIT cache, default ``~/.cache/flashgen``),
+``FLASHGEN_DISABLE_JIT=1`` (never compile), ``FLASHGEN_CUDA_ARCH_LIST`` (JIT archs, e.g. ``9.0a``),
+``FLASHGEN_BIN`` (the binary the JIT runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._decode import batch_decode, single_decode
+from ._errors import CompileError, FlashgenError, JITDisabledError, KernelError, NoGPUError
+from ._variant import Variant
+
+__all__ = [
+    "single_decode",
+    "batch_decode",
+    "Variant",
+    "list_variants",
+    "is_precompiled",
+    "FlashgenError",
+    "CompileError",
+    "JITDisabledError",
+    "KernelError",
+    "NoGPUError",
+    "__version__",
+]
+
+
+def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any]]:
+    """The matrix's instances, as ``flashgen list-variants --json`` prints them (``uri``,
+    ``module``, ``params``, ``codes``, ``aot``), plus ``precompiled``: whether this installation
+    ships its binary. ``where`` filters by axis value; string values may be shell-style globs
+    (``head_dim="*6*"``), as the CLI's ``--where``."""
+    from . import _install, _matrix
+
+    manifest = _install.aot_manifest() or {}
+    shipped = {rec.get("uri") for rec in manifest.get("instances", ())}
+    return [
+        {"uri": i.uri, "module": i.module, "params": dict(i.params), "codes": dict(i.codes),
+         "aot": i.aot, "precompiled": i.uri in shipped}
+        for i in _matrix.matrix().select(module, where)
+    ]
+
+
+def is_precompiled(module: str, **params: Any) -> bool:
+    """Whether the instance of ``module`` with exactly ``params`` (every axis) is shipped
+    precompiled in this installation. Raises ValueError when no instance has these params."""
+    from . import _install, _matrix
+
+    inst = _matrix.matrix().find(module, params)
+    manifest = _install.aot_manifest() or {}
+    return any(rec.get("uri") == inst.uri for rec in manifest.get("instances", ()))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from . import _matrix
+
+        return _matrix.matrix().version
+    raise AttributeError(f"module 'flashgen' has no attribute {name!r}")

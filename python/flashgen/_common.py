@@ -1,0 +1,229 @@
+"""Shared helpers of the public kernel functions: reading and validating tensors, resolving the
+variant and its parameters, finding the instance, allocating outputs and workspace with the
+caller's framework, and launching on the caller's stream.
+
+Every check runs before anything touches the GPU; errors are ValueError/TypeError that name the
+function, the argument and the values that would be accepted. Decode and (later) prefill
+functions are thin layers over this module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+from . import _cuda, _loader
+from ._errors import KernelError, NoGPUError
+from ._matrix import matrix
+from ._tensor import KDL_CUDA, Framework, Tensor, framework_of
+from ._variant import ParamPacker, Variant
+
+__all__ = [
+    "KV_LAYOUTS", "read_tensors", "check_dtypes", "check_last_dim_contiguous", "check_layout",
+    "resolve_variant", "instance_for", "Workspaces", "default_sm_scale", "launch",
+]
+
+KV_LAYOUTS = ("NHD", "HND")
+ATTN_DTYPES = ("f16", "bf16")
+
+
+def check_layout(what: str, kv_layout: Any) -> str:
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"{what}: kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {kv_layout!r}")
+    return str(kv_layout)
+
+
+def read_tensors(what: str, named: Mapping[str, Any]) -> tuple[dict[str, Tensor], Framework, int]:
+    """Describe each tensor; all must be CUDA tensors on one device. Returns (tensors, the first
+    tensor's framework, device ordinal)."""
+    out: dict[str, Tensor] = {}
+    fw: Framework | None = None
+    device = -1
+    first = ""
+    for name, obj in named.items():
+        if obj is None:
+            continue
+        f = framework_of(obj)
+        t = f.describe(obj, f"{what}: {name}")
+        if t.device_type != KDL_CUDA:
+            raise ValueError(
+                f"{what}: {name} is on {t.device}; flashgen kernels run on CUDA devices, so every "
+                "tensor must be on the GPU (torch: .cuda(), cupy arrays are always on it)"
+            )
+        if fw is None:
+            fw, device, first = f, t.device_id, name
+        elif t.device_id != device:
+            raise ValueError(
+                f"{what}: {name} is on cuda:{t.device_id} but {first} is on cuda:{device}; "
+                "all tensors must be on the same device"
+            )
+        out[name] = t
+    assert fw is not None
+    return out, fw, device
+
+
+def check_dtypes(what: str, ts: Mapping[str, Tensor], names: Sequence[str]) -> str:
+    """All ``names`` share one attention dtype (f16 or bf16); returns it."""
+    first = names[0]
+    dtype = ts[first].dtype
+    if dtype not in ATTN_DTYPES:
+        raise TypeError(f"{what}: {first} must be float16 or bfloat16, got {dtype}")
+    for n in names[1:]:
+        if n in ts and ts[n].dtype != dtype:
+            raise TypeError(f"{what}: {n} is {ts[n].dtype} but {first} is {dtype}; they must match")
+    return dtype
+
+
+def check_int32(what: str, ts: Mapping[str, Tensor], names: Sequence[str]) -> None:
+    for n in names:
+        t = ts[n]
+        if t.dtype != "i32":
+            raise TypeError(f"{what}: {n} must be an int32 tensor, got {t.dtype}")
+        if len(t.shape) != 1:
+            raise ValueError(f"{what}: {n} must be 1-D, got shape {list(t.shape)}")
+        if t.shape[0] > 1 and t.strides[0] != 1:
+            raise ValueError(f"{what}: {n} must be contiguous (stride {t.strides[0]})")
+
+
+def check_ndim(what: str, name: str, t: Tensor, ndim: int, layout: str) -> None:
+    if len(t.shape) != ndim:
+        raise ValueError(f"{what}: {name} must be {ndim}-D {layout}, got shape {list(t.shape)}")
+
+
+def check_last_dim_contiguous(what: str, ts: Mapping[str, Tensor], names: Sequence[str]) -> None:
+    for n in names:
+        t = ts.get(n)
+        if t is not None and t.shape[-1] > 1 and t.strides[-1] != 1:
+            raise ValueError(
+                f"{what}: {n} must be contiguous in its last (head_dim) dimension, got strides "
+                f"{list(t.strides)}; call .contiguous() on it"
+            )
+
+
+def check_gqa(what: str, num_qo_heads: int, num_kv_heads: int) -> None:
+    if num_kv_heads <= 0 or num_qo_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"{what}: num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+            f"({num_kv_heads}) for grouped-query attention"
+        )
+
+
+def default_sm_scale(head_dim: int, sm_scale: float | None) -> float:
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+
+
+_packers: dict[Any, ParamPacker] = {}
+
+
+def resolve_variant(what: str, module: str, variant: Any,
+                    variant_params: Mapping[str, Any]) -> tuple[str, Variant | None, ParamPacker]:
+    """(variant name for the ``variant`` axis, the custom Variant or None, its param packer)."""
+    if isinstance(variant, Variant):
+        packer = _packers.get(variant)
+        if packer is None:
+            mx = matrix()
+            if variant.name in mx.variants:
+                raise ValueError(
+                    f"{what}: the custom variant's name {variant.name!r} is a built-in variant's; "
+                    "give it another name"
+                )
+            packer = _packers[variant] = ParamPacker(variant.name, variant.params)
+        packer.check_names(variant_params, what)
+        return variant.name, variant, packer
+    if not isinstance(variant, str):
+        raise TypeError(
+            f"{what}: variant must be a built-in variant name or a flashgen.Variant, got "
+            f"{type(variant).__name__}"
+        )
+    packer = _packers.get(variant)
+    if packer is None:
+        mx = matrix()
+        axis = mx.module(module).variant_axis
+        names = list(axis.values) if axis is not None else list(mx.variants)
+        if variant not in names or variant not in mx.variants:
+            raise ValueError(
+                f"{what}: unknown variant {variant!r}; built-in variants: {', '.join(names)}, "
+                "or pass a flashgen.Variant"
+            )
+        packer = _packers[variant] = ParamPacker(variant, mx.variants[variant])
+    packer.check_names(variant_params, what)
+    return variant, None, packer
+
+
+_instances: dict[tuple[Any, ...], _loader.Loaded] = {}
+
+
+def instance_for(what: str, module: str, params: dict[str, Any], custom: Variant | None,
+                 device: int) -> _loader.Loaded:
+    """The loaded instance for these params (validated against the matrix on first use)."""
+    key = (module, tuple(params.values()), custom, device)
+    hit = _instances.get(key)
+    if hit is not None:
+        return hit
+    mx = matrix()
+    try:
+        if custom is None:
+            mx.find(module, params, what=what)
+        else:
+            mx.check_custom(module, {k: v for k, v in params.items() if k != "variant"}, what=what)
+    except ValueError:
+        raise
+    _cuda.driver()  # a clear NoGPUError before any build or launch when there is no driver
+    loaded = _loader.load(module, params, custom, device)
+    _instances[key] = loaded
+    return loaded
+
+
+class Workspaces:
+    """Split-KV workspace, allocated once per (framework, device, stream) by the caller's
+    framework and grown when a call needs more."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, int, int], tuple[Any, int, int]] = {}
+
+    def get(self, fw: Framework, device: int, stream: int, nbytes: int, what: str) -> tuple[int, int]:
+        if nbytes <= 0:
+            return 0, 0
+        key = (fw.name, device, stream)
+        cur = self._bufs.get(key)
+        if cur is not None and cur[2] >= nbytes:
+            return cur[1], cur[2]
+        size = max(nbytes, (cur[2] * 2) if cur else 0)
+        size = (size + (1 << 20) - 1) & ~((1 << 20) - 1)
+        buf = fw.empty((size,), "u8", device, what)
+        ptr = fw.describe(buf, "workspace").ptr
+        self._bufs[key] = (buf, ptr, size)
+        return ptr, size
+
+
+WORKSPACES = Workspaces()
+
+
+def check_out(what: str, name: str, t: Tensor, shape: Sequence[int], dtype: str, device: int) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{what}: {name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"{what}: {name} must be {dtype}, got {t.dtype}")
+    if t.device_type != KDL_CUDA or t.device_id != device:
+        raise ValueError(f"{what}: {name} is on {t.device}, the inputs on cuda:{device}")
+
+
+def launch(what: str, loaded: _loader.Loaded, device: int, fn: Callable[..., Any], *args: Any) -> None:
+    """Call one entry point with ``device`` current; a nonzero status raises KernelError."""
+    try:
+        pushed = _cuda.push_device(device)
+    except NoGPUError:
+        raise
+    try:
+        fn(*args)
+    except KernelError as exc:
+        raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
+    finally:
+        if pushed:
+            _cuda.pop_device()
+
+
+def _reset_for_tests() -> None:
+    _packers.clear()
+    _instances.clear()
+    WORKSPACES._bufs.clear()

@@ -1,0 +1,169 @@
+"""Where this installation keeps the ``flashgen`` binary, the kernel sources, the matrix and the
+precompiled kernels.
+
+Two layouts are supported. An installed wheel ships everything inside the package
+(``_bin/flashgen``, ``_src/``, ``_data/matrix.json``, ``_aot/manifest.json``). A source checkout
+(``python/`` on ``sys.path``) has none of those: the binary comes from ``FLASHGEN_BIN``, ``PATH`` or
+``target/{release,debug}``, the sources from the repository root, and the matrix from asking the
+binary once (``flashgen describe --json``), so no matrix logic is ever repeated in Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ._errors import FlashgenError
+
+__all__ = [
+    "PACKAGE_DIR",
+    "is_installed",
+    "repo_root",
+    "binary",
+    "variants_json",
+    "matrix_json",
+    "aot_manifest",
+    "cache_root",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+_MATRIX_FILE = PACKAGE_DIR / "_data" / "matrix.json"
+_MANIFEST_FILE = PACKAGE_DIR / "_aot" / "manifest.json"
+_lock = threading.Lock()
+
+
+def is_installed() -> bool:
+    """True for the wheel layout (the package ships its own matrix.json)."""
+    return _MATRIX_FILE.is_file()
+
+
+def repo_root() -> Path | None:
+    """The source checkout this package lives in (``<repo>/python/flashgen``), if any."""
+    root = PACKAGE_DIR.parent.parent
+    return root if (root / "variants.json").is_file() and (root / "csrc").is_dir() else None
+
+
+@lru_cache(maxsize=None)
+def binary() -> Path:
+    """The ``flashgen`` binary the JIT runs: ``FLASHGEN_BIN``, the bundled one, ``PATH``, or the
+    checkout's ``target/`` build, in that order."""
+    env = os.environ.get("FLASHGEN_BIN")
+    if env:
+        path = Path(env)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FlashgenError(
+                f"FLASHGEN_BIN={env} is not an executable file.\n\n"
+                "Point FLASHGEN_BIN at a built flashgen binary, or unset it to use the bundled one."
+            )
+        return path
+    looked: list[str] = []
+    bundled = PACKAGE_DIR / "_bin" / "flashgen"
+    looked.append(str(bundled))
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return bundled
+    on_path = shutil.which("flashgen")
+    looked.append("flashgen on PATH")
+    if on_path:
+        return Path(on_path)
+    root = repo_root()
+    if root is not None:
+        for profile in ("release", "debug"):
+            candidate = root / "target" / profile / "flashgen"
+            looked.append(str(candidate))
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+    hint = (
+        f"build it with `cargo build --release` in {root}"
+        if root is not None
+        else "reinstall the flashgen wheel"
+    )
+    raise FlashgenError(
+        "the flashgen binary was not found (looked at: " + ", ".join(looked) + ").\n\n"
+        f"Set FLASHGEN_BIN to its path, or {hint}."
+    )
+
+
+def variants_json() -> Path:
+    """The ``variants.json`` the JIT passes to ``flashgen --config``."""
+    shipped = PACKAGE_DIR / "_src" / "variants.json"
+    if shipped.is_file():
+        return shipped
+    root = repo_root()
+    if root is not None:
+        return root / "variants.json"
+    raise FlashgenError(
+        f"the kernel sources are missing: neither {shipped} nor a source checkout around "
+        f"{PACKAGE_DIR} holds variants.json.\n\nReinstall the flashgen wheel."
+    )
+
+
+_matrix_cache: dict[str, Any] | None = None
+
+
+def matrix_json() -> dict[str, Any]:
+    """The parsed ``flashgen describe --json`` object: shipped, or asked of the binary once."""
+    global _matrix_cache
+    if _matrix_cache is not None:
+        return _matrix_cache
+    with _lock:
+        if _matrix_cache is None:
+            if _MATRIX_FILE.is_file():
+                _matrix_cache = json.loads(_MATRIX_FILE.read_text())
+            else:
+                _matrix_cache = _describe()
+    return _matrix_cache
+
+
+def _describe() -> dict[str, Any]:
+    cmd = [str(binary()), "--config", str(variants_json()), "describe", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 and "'--json'" in proc.stderr:  # binaries whose describe is JSON-only
+        cmd = cmd[:-1]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise FlashgenError(
+            f"`{' '.join(cmd)}` failed with exit status {proc.returncode}:\n"
+            f"{proc.stderr.strip() or '<stderr is empty>'}"
+        )
+    try:
+        data: dict[str, Any] = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise FlashgenError(f"`{' '.join(cmd)}` printed no valid JSON ({exc})") from None
+    return data
+
+
+_manifest_cache: tuple[dict[str, Any] | None] | None = None
+
+
+def aot_manifest() -> dict[str, Any] | None:
+    """The shipped build manifest of the precompiled kernels, or None (source checkout)."""
+    global _manifest_cache
+    if _manifest_cache is None:
+        data = json.loads(_MANIFEST_FILE.read_text()) if _MANIFEST_FILE.is_file() else None
+        _manifest_cache = (data,)
+    return _manifest_cache[0]
+
+
+def aot_dir() -> Path:
+    """The folder the manifest's relative ``path`` entries are relative to."""
+    return _MANIFEST_FILE.parent
+
+
+def cache_root() -> Path:
+    """``FLASHGEN_CACHE_DIR``, else ``~/.cache/flashgen`` (shared with ``flashgen build``)."""
+    env = os.environ.get("FLASHGEN_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "flashgen"
+
+
+def _reset_for_tests() -> None:
+    """Forget memoized lookups (tests change the environment between cases)."""
+    global _matrix_cache, _manifest_cache
+    _matrix_cache = None
+    _manifest_cache = None
+    binary.cache_clear()

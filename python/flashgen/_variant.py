@@ -1,0 +1,210 @@
+"""Attention variants as the loader sees them: built-in ones (named in the matrix) and custom
+ones written by the user (``flashgen.Variant``), plus packing their additional parameters into
+the C struct the kernel reads (members in declared order, natural C alignment, as ctypes lays out).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ._matrix import Param
+
+__all__ = ["Variant", "ParamPacker", "ctype_of"]
+
+_SCALARS: dict[str, Any] = {
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "bool": ctypes.c_bool,
+    "int": ctypes.c_int,
+    "int8_t": ctypes.c_int8,
+    "uint8_t": ctypes.c_uint8,
+    "int16_t": ctypes.c_int16,
+    "uint16_t": ctypes.c_uint16,
+    "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
+    "int64_t": ctypes.c_int64,
+    "uint64_t": ctypes.c_uint64,
+    "unsigned": ctypes.c_uint,
+    "unsigned int": ctypes.c_uint,
+}
+
+# Pointee C type -> the tensor dtype a pointer parameter must have.
+_POINTEE_DTYPE = {
+    "float": "f32", "half": "f16", "__half": "f16", "__nv_bfloat16": "bf16", "int32_t": "i32",
+    "int": "i32", "uint32_t": "u32", "int64_t": "i64", "uint8_t": "u8", "int8_t": "i8",
+    "double": "f64",
+}
+
+_CTYPE = re.compile(r"^\s*(?:const\s+)?([A-Za-z_][\w ]*?)\s*(\*)?\s*(?:const\s*)?$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_STRUCT = re.compile(r"template\s*<[^<>]*>\s*struct\s+([A-Za-z_]\w*)")
+
+
+def ctype_of(ctype: str) -> tuple[Any, str | None]:
+    """(ctypes type, pointee dtype or None) for a parameter's C type; pointers are passed as
+    device addresses (``c_void_p``) and must be tensors of the pointee's dtype."""
+    m = _CTYPE.match(ctype)
+    if m is None:
+        raise TypeError(f"unsupported C type {ctype!r} for a variant parameter")
+    base, star = " ".join(m.group(1).split()), m.group(2)
+    if star:
+        if base not in _POINTEE_DTYPE:
+            raise TypeError(
+                f"unsupported pointer type {ctype!r}; pointees: {', '.join(sorted(_POINTEE_DTYPE))}"
+            )
+        return ctypes.c_void_p, _POINTEE_DTYPE[base]
+    if base not in _SCALARS:
+        raise TypeError(
+            f"unsupported C type {ctype!r} for a variant parameter; scalar types: "
+            f"{', '.join(sorted(_SCALARS))}, or a pointer to one"
+        )
+    return _SCALARS[base], None
+
+
+class Variant:
+    """A user-written attention variant, compiled on first use by the JIT.
+
+    ``source`` is C++ in flashgen's variant interface: a struct template over the kernel's params
+    type with the hooks it overrides (see the README). Its additional parameters are declared as
+    ``params=[("logits_scale", "float"), ...]`` and read in the source as ``params.logits_scale``;
+    callers pass them as keyword arguments. ``struct`` names the template when the source defines
+    more than one.
+    """
+
+    __slots__ = ("name", "source", "params", "struct", "digest")
+
+    def __init__(self, name: str, source: str, params: Sequence[tuple[str, str]] = (),
+                 struct: str | None = None) -> None:
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise ValueError(f"Variant name {name!r} must be a C identifier (letters, digits, _)")
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"Variant {name!r}: source must be non-empty C++ text")
+        plist: list[Param] = []
+        for item in params:
+            try:
+                pname, ptype = item
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
+                ) from None
+            if not _IDENT.match(str(pname)):
+                raise ValueError(f"Variant {name!r}: parameter name {pname!r} is not a C identifier")
+            ctype_of(str(ptype))  # raises on an unsupported type
+            if any(p.name == pname for p in plist):
+                raise ValueError(f"Variant {name!r}: parameter {pname!r} is declared twice")
+            plist.append(Param(str(pname), str(ptype)))
+        if struct is None:
+            found = list(dict.fromkeys(_STRUCT.findall(source)))
+            if len(found) != 1:
+                which = f"it defines {', '.join(found)}" if found else "it defines none"
+                raise ValueError(
+                    f"Variant {name!r}: cannot tell which struct template is the variant ({which}); "
+                    "pass struct='Name'"
+                )
+            struct = found[0]
+        elif not _IDENT.match(struct):
+            raise ValueError(f"Variant {name!r}: struct {struct!r} is not a C identifier")
+        self.name = name
+        self.source = source
+        self.params: tuple[Param, ...] = tuple(plist)
+        self.struct: str = struct
+        canon = json.dumps(
+            {"name": name, "struct": struct, "source": source,
+             "params": [[p.name, p.ctype] for p in plist]},
+            sort_keys=True,
+        )
+        self.digest = hashlib.sha256(canon.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        ps = ", ".join(f"({p.name!r}, {p.ctype!r})" for p in self.params)
+        return f"Variant({self.name!r}, <{len(self.source)} chars>, params=[{ps}], struct={self.struct!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Variant) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    ctype: Any
+    pointee: str | None
+
+
+class ParamPacker:
+    """Builds the additional-params struct of one variant from keyword arguments."""
+
+    def __init__(self, variant: str, params: Sequence[Param]) -> None:
+        self.variant = variant
+        self.fields = tuple(_Field(p.name, *ctype_of(p.ctype)) for p in params)
+        self.names = frozenset(f.name for f in self.fields)
+        self.struct_type: Any = None
+        if self.fields:
+            self.struct_type = type(
+                f"FlashgenParams_{variant}", (ctypes.Structure,),
+                {"_fields_": [(f.name, f.ctype) for f in self.fields]},
+            )
+
+    def check_names(self, kwargs: Mapping[str, Any], what: str) -> None:
+        unknown = [k for k in kwargs if k not in self.names]
+        missing = [f.name for f in self.fields if f.name not in kwargs]
+        if unknown or missing:
+            takes = ", ".join(f.name for f in self.fields) or "no parameters"
+            problems = []
+            if unknown:
+                problems.append(f"unknown parameter {', '.join(map(repr, unknown))}")
+            if missing:
+                problems.append(f"missing parameter {', '.join(map(repr, missing))}")
+            raise TypeError(
+                f"{what}: variant {self.variant!r} {' and '.join(problems)}; it takes {takes}"
+            )
+
+    def pack(self, kwargs: Mapping[str, Any], what: str, device: int,
+             describe: Any) -> tuple[Any, list[Any]]:
+        """(struct or None, objects to keep alive). ``describe(obj, name)`` reads a tensor."""
+        self.check_names(kwargs, what)
+        if self.struct_type is None:
+            return None, []
+        values = []
+        keep: list[Any] = []
+        for f in self.fields:
+            value = kwargs[f.name]
+            if f.pointee is not None:
+                t = describe(value, f.name)
+                if t.device_id != device:
+                    raise ValueError(
+                        f"{what}: {f.name} is on cuda:{t.device_id}, the other tensors on cuda:{device}"
+                    )
+                if t.dtype != f.pointee:
+                    raise TypeError(f"{what}: {f.name} must be a {f.pointee} tensor, got {t.dtype}")
+                if not t.is_contiguous():
+                    raise ValueError(f"{what}: {f.name} must be contiguous")
+                keep.append(value)
+                values.append(t.ptr)
+            elif f.ctype in (ctypes.c_float, ctypes.c_double):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    try:
+                        value = float(value)
+                    except (TypeError, ValueError):
+                        raise TypeError(
+                            f"{what}: {f.name} must be a number, got {type(value).__name__}"
+                        ) from None
+                values.append(float(value))
+            elif f.ctype is ctypes.c_bool:
+                values.append(bool(value))
+            else:
+                try:
+                    values.append(value.__index__())
+                except AttributeError:
+                    raise TypeError(
+                        f"{what}: {f.name} must be an integer, got {type(value).__name__}"
+                    ) from None
+        return self.struct_type(*values), keep
+

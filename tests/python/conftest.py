@@ -1,0 +1,269 @@
+"""Shared fixtures of flashgen's Python tests.
+
+- ``flashgen_bin``: the binary (``FLASHGEN_BIN``, else ``cargo build --release``; skip without cargo).
+- ``nvcc``: the pinned PyPI nvcc (``FLASHGEN_NVCC``, else the project venv's; skip without one).
+- ``wheel``: a small wheel (``FLASHGEN_TEST_WHEEL``, else ``flashgen build-wheel`` filtered to one
+  instance for sm_90a), ``installed``: it unpacked with ``pip install --target``.
+- ``run_py``: run a snippet in a fresh interpreter against the installed wheel, with a private
+  ``FLASHGEN_CACHE_DIR`` (tests never touch ``~/.cache``).
+- ``FakeCudaTensor``: a DLPack producer that claims to live on a CUDA device, for validation
+  tests on machines without a GPU (no real CUDA tensor exists there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON_SRC = REPO / "python"
+# The small wheel CI builds: one instance, one arch.
+SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
+                    "--where", "head_dim=128", "--where", "variant=default"]
+
+if str(PYTHON_SRC) not in sys.path:
+    sys.path.insert(0, str(PYTHON_SRC))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test gets its own cache folder and no inherited flashgen settings."""
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield
+    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            mod._reset_for_tests()  # type: ignore[attr-defined]
+
+
+# ---- toolchain ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def flashgen_bin() -> Path:
+    env = os.environ.get("FLASHGEN_BIN")
+    if env:
+        return Path(env)
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.skip("cargo is not installed and FLASHGEN_BIN is not set: cannot build the flashgen binary")
+    proc = subprocess.run([cargo, "build", "--release", "-q"], cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"cargo build --release failed:\n{proc.stderr}")
+    return REPO / "target" / "release" / "flashgen"
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> Path:
+    env = os.environ.get("FLASHGEN_NVCC")
+    candidates = [Path(env)] if env else []
+    candidates += sorted((REPO / ".venv").glob("lib/python3*/site-packages/nvidia/cu13/bin/nvcc"))
+    for c in candidates:
+        if c.is_file():
+            return c
+    pytest.skip("no nvcc: set FLASHGEN_NVCC or install ci/requirements-cuda.txt into .venv")
+
+
+@pytest.fixture(scope="session")
+def build_env(nvcc: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for running flashgen builds with the pinned nvcc and a session build cache."""
+    env = dict(os.environ)
+    env["FLASHGEN_NVCC"] = str(nvcc)
+    env.setdefault("FLASHGEN_SESSION_CACHE", str(tmp_path_factory.mktemp("build-cache")))
+    env["FLASHGEN_CACHE_DIR"] = env["FLASHGEN_SESSION_CACHE"]
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+        env.pop(var, None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def wheel(flashgen_bin: Path, build_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = os.environ.get("FLASHGEN_TEST_WHEEL")
+    if env:
+        return Path(env)
+    out = tmp_path_factory.mktemp("dist")
+    cmd = [str(flashgen_bin), "--config", str(REPO / "variants.json"), "build-wheel", "--out", str(out),
+           "--build-dir", str(tmp_path_factory.mktemp("wheel-build")), "--quiet", *SMALL_WHEEL_ARGS]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=build_env)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    wheels = sorted(out.glob("flashgen-*.whl"))
+    assert len(wheels) == 1, f"expected one wheel in {out}, found {wheels}"
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel unpacked by pip into a folder to put on PYTHONPATH."""
+    target = tmp_path_factory.mktemp("site")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+         "--target", str(target), str(wheel)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pip install --target failed:\n{proc.stderr}")
+    assert (target / "flashgen" / "__init__.py").is_file()
+    return target
+
+
+@pytest.fixture(scope="session")
+def wheel_manifest(installed: Path) -> dict[str, Any]:
+    return json.loads((installed / "flashgen" / "_aot" / "manifest.json").read_text())
+
+
+RunPy = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def run_py(installed: Path, build_env: dict[str, str], tmp_path: Path) -> RunPy:
+    """``run_py(code, **env)``: run ``code`` in a fresh interpreter that imports the installed
+    wheel, with FLASHGEN_CACHE_DIR = tmp_path/'cache' unless given."""
+
+    def run(code: str, *, check: bool = True, timeout: float = 900, **env_vars: str) -> subprocess.CompletedProcess[str]:
+        env = dict(build_env)
+        env["PYTHONPATH"] = str(installed)
+        env["FLASHGEN_CACHE_DIR"] = str(tmp_path / "cache")
+        env.pop("FLASHGEN_BIN", None)
+        env.update(env_vars)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=timeout, cwd=tmp_path)
+        if check and proc.returncode != 0:
+            pytest.fail(f"snippet failed ({proc.returncode}):\n{code}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        return proc
+
+    return run
+
+
+def wheel_files(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.namelist()
+
+
+# ---- fake CUDA tensors (DLPack) -------------------------------------------------------------------
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+        ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+    ]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+_DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64)}
+
+
+class FakeCudaTensor:
+    """Metadata of a tensor on ``cuda:device`` exported through DLPack, with no memory behind it.
+    Enough for everything the API checks before it touches the GPU."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str = "bf16", device: int = 0,
+                 strides: tuple[int, ...] | None = None, device_type: int = 2) -> None:
+        self.shape = tuple(shape)
+        if strides is None:
+            acc, rev = 1, []
+            for n in reversed(self.shape):
+                rev.append(acc)
+                acc *= n
+            strides = tuple(reversed(rev))
+        self.strides = tuple(strides)
+        self.dtype = dtype
+        self.device = device
+        self.device_type = device_type
+        self.streams_seen: list[Any] = []
+        n = len(self.shape)
+        self._shape_arr = (ctypes.c_int64 * max(n, 1))(*self.shape)
+        self._stride_arr = (ctypes.c_int64 * max(n, 1))(*self.strides)
+        code, bits = _DTYPES[dtype]
+        self._managed = _DLManagedTensor(0x10000, device_type, device, n, code, bits, 1,
+                                         self._shape_arr, self._stride_arr, 0, None, None)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.device_type, self.device)
+
+    def __dlpack__(self, stream: Any = None) -> Any:
+        self.streams_seen.append(stream)
+        return _capsule_new(ctypes.addressof(self._managed), b"dltensor", None)
+
+
+@pytest.fixture
+def fake_tensor() -> type[FakeCudaTensor]:
+    return FakeCudaTensor
+
+
+# A tiny matrix in the shape of `flashgen describe`, for validation tests that need no binary.
+FAKE_MATRIX: dict[str, Any] = {
+    "flashgen_version": "0.0.0-test",
+    "archs": ["8.0", "9.0a"],
+    "variants": {
+        "default": {"params": []},
+        "soft_cap": {"params": [{"name": "logits_soft_cap", "type": "float"}]},
+        "alibi": {"params": [{"name": "alibi_slopes", "type": "const float*"}]},
+        "sliding_window": {"params": [{"name": "window_left", "type": "int32_t"}]},
+    },
+    "modules": {
+        "single_decode": {"entry_points": [], "axes": [
+            {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
+            {"name": "head_dim", "type": "int", "values": [64, 128]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+        ]},
+        "batch_decode": {"entry_points": [], "axes": [
+            {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
+            {"name": "head_dim", "type": "int", "values": [64, 128, 256]},
+            {"name": "page_size", "type": "int", "values": [1, 16]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+        ]},
+    },
+    "instances": [],
+}
+
+
+def _fill_fake_instances() -> None:
+    for mod, spec in FAKE_MATRIX["modules"].items():
+        axes = spec["axes"]
+
+        def rec(i: int, params: dict[str, Any]) -> None:
+            if i == len(axes):
+                if mod == "batch_decode" and params["head_dim"] == 256 and params["page_size"] == 1:
+                    return
+                uri = mod + "".join(f"_{k}_{v}" for k, v in params.items())
+                codes = {a["name"]: (params[a["name"]] if a["type"] == "int" else a["values"].index(params[a["name"]]))
+                         for a in axes}
+                FAKE_MATRIX["instances"].append({"uri": uri, "module": mod, "params": dict(params),
+                                                 "codes": codes, "aot": params["variant"] == "default"})
+                return
+            for v in axes[i]["values"]:
+                rec(i + 1, {**params, axes[i]["name"]: v})
+
+        rec(0, {})
+
+
+_fill_fake_instances()
+
+
+@pytest.fixture
+def fake_matrix(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Make the in-process flashgen read FAKE_MATRIX instead of asking a binary."""
+    from flashgen import _install, _matrix
+
+    _matrix._reset_for_tests()
+    monkeypatch.setattr(_install, "_matrix_cache", FAKE_MATRIX)
+    return FAKE_MATRIX
