@@ -729,3 +729,117 @@ fn arch_list_precedence_and_spellings() {
         "9.0a"
     );
 }
+
+// ---- build-wheel ---------------------------------------------------------------------------
+
+fn wheel_names(path: &Path) -> Vec<String> {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    (0..zip.len())
+        .map(|i| zip.by_index(i).unwrap().name().to_string())
+        .collect()
+}
+
+#[test]
+fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
+    let t = Tree::new("toy");
+    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+    t.write(
+        "python/flashgen/__init__.py",
+        "\"\"\"stand-in package\"\"\"\n",
+    );
+    t.write("README.md", "# toy\n");
+    let build = |out: &str| {
+        let o = t
+            .cmd()
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            // A small ELF stands in for the binary: deflating a debug build twice is slow.
+            .args([
+                "build-wheel",
+                "--binary",
+                "/bin/true",
+                "--out",
+                out,
+                "--where",
+                "dtype=bf16",
+                "--where",
+                "width=64",
+                "--where",
+                "fast=true",
+                "--where",
+                "mode=sum",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("largest entries"), "{}", stderr(&o));
+        PathBuf::from(stdout(&o).trim())
+    };
+    let a = build("dist-a");
+    let b = build("dist-b");
+    let name = a.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("flashgen-0.1.0-py3-none-manylinux_2_") && name.ends_with("_x86_64.whl"),
+        "{name}"
+    );
+    assert_eq!(
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        "two builds differ"
+    );
+
+    let u1 = "toy_dtype_bf16_width_64_fast_true_mode_sum_variant_plain";
+    let u2 = "toy_dtype_bf16_width_64_fast_true_mode_sum_variant_scaled";
+    let expected = [
+        "flashgen/__init__.py".to_string(),
+        "flashgen/_aot/manifest.json".into(),
+        format!("flashgen/_aot/{u1}.so"),
+        format!("flashgen/_aot/{u2}.so"),
+        "flashgen/_bin/flashgen".into(),
+        "flashgen/_data/matrix.json".into(),
+        "flashgen/_src/csrc/toy.cu".into(),
+        "flashgen/_src/include/toy/toy.cuh".into(),
+        "flashgen/_src/include/toy/variants/plain.cuh".into(),
+        "flashgen/_src/include/toy/variants/scaled.cuh".into(),
+        "flashgen/_src/variants.json".into(),
+        "flashgen-0.1.0.data/scripts/flashgen".into(),
+        "flashgen-0.1.0.dist-info/METADATA".into(),
+        "flashgen-0.1.0.dist-info/WHEEL".into(),
+        "flashgen-0.1.0.dist-info/RECORD".into(),
+    ];
+    assert_eq!(wheel_names(&a), expected);
+    assert!(
+        std::fs::read_dir(t.path("dist-a")).unwrap().count() == 1,
+        "no temp files left beside the wheel"
+    );
+
+    // pip accepts it, and the installed package holds the same bytes the build produced.
+    let target = t.path("site");
+    let pip = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--no-deps",
+            "--target",
+        ])
+        .arg(&target)
+        .arg(&a)
+        .output()
+        .unwrap();
+    assert!(
+        pip.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pip.stderr)
+    );
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(target.join("flashgen/_aot/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["instances"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        std::fs::read(target.join(format!("flashgen/_aot/{u1}.so"))).unwrap(),
+        std::fs::read(t.path(&format!("build/wheel/{u1}.so"))).unwrap()
+    );
+}
