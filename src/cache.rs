@@ -77,6 +77,8 @@ impl Cache {
     pub fn insert(&self, key: &str, uri: &str, built: tempfile::TempPath) -> Result<Entry> {
         let so = self.object(key);
         std::fs::create_dir_all(so.parent().unwrap())?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&built, std::fs::Permissions::from_mode(0o755))?;
         let sha256 = fsutil::sha256_file(&built)?;
         let size = std::fs::metadata(&built)?.len();
         built

@@ -1,6 +1,7 @@
 //! File writes that never leave a half-written file: write a temp file beside, then rename.
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -23,6 +24,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
     tmp.write_all(bytes)?;
+    // tempfile creates 0600; these files are meant to be read by others (like any build output).
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o644))?;
     tmp.as_file().sync_all()?;
     tmp.persist(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
