@@ -1,0 +1,227 @@
+"""Decode bandwidth on one GPU: flashgen single/batch decode against PyTorch SDPA and a copy.
+
+    FLASHGEN_BENCH_SO_DIR=DIR python benches/bench_decode.py [--iters 50] [--json out.json]
+
+DIR holds instance .so files and manifest.json (`flashgen build --out DIR`). Each timing is the
+median over --iters runs of CUDA events around one call, with the L2 flushed before every run
+(a 256 MB memset, which also gives the host time to queue the call). Bytes are what the call
+must move: Q + K + V + O (the page table and the LSE are left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from flashgen._kernels import KernelLibrary, params_struct  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MATRIX = json.load(open(os.path.join(ROOT, "variants.json")))
+DEV = torch.device("cuda")
+HQ, HKV, D, PS = 32, 8, 128, 16
+DT = torch.bfloat16
+
+
+def load(so_dir):
+    man = json.load(open(os.path.join(so_dir, "manifest.json")))
+    libs = {}
+    for inst in man["instances"]:
+        key = (inst["module"],) + tuple(sorted(inst["params"].items()))
+        libs[key] = (inst, os.path.join(so_dir, inst["path"]))
+    return libs
+
+
+_loaded = {}
+
+
+def instance(libs, module, **params):
+    key = (module,) + tuple(sorted(params.items()))
+    inst, path = libs[key]
+    if path not in _loaded:
+        _loaded[path] = KernelLibrary(path)
+    return _loaded[path], inst["codes"]
+
+
+class Timer:
+    def __init__(self, iters):
+        self.iters = iters
+        self.flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+
+    def __call__(self, fn):
+        for _ in range(3):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        for s, e in zip(starts, ends):
+            self.flush_buf.zero_()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
+
+
+def variant_args(variant):
+    if variant == "soft_cap":
+        vals = {"logits_soft_cap": 30.0}
+    elif variant == "sliding_window":
+        vals = {"window_left": 1024}
+    elif variant == "alibi":
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / HQ) for i in range(HQ)], device=DEV)
+        vals = {"alibi_slopes": slopes}
+    elif variant == "sigmoid":
+        vals = {"sigmoid_bias": 0.0}
+    else:
+        return None, []
+    st = params_struct(variant, MATRIX["variants"][variant]["params"])(
+        **{k: (v.data_ptr() if torch.is_tensor(v) else v) for k, v in vals.items()})
+    return st, [vals]
+
+
+def batch_setup(batch, kv_len):
+    npg = kv_len // PS
+    total = batch * npg
+    paged = torch.randn(total, 2, PS, HKV, D, device=DEV, dtype=DT)
+    indices = torch.randperm(total, device=DEV).to(torch.int32)
+    indptr = torch.arange(0, total + 1, npg, device=DEV, dtype=torch.int32)
+    last = torch.full((batch,), PS, device=DEV, dtype=torch.int32)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=DT)
+    o = torch.empty_like(q)
+    nbytes = 2 * q.numel() * 2 + batch * kv_len * HKV * D * 2 * 2
+    return paged, indices, indptr, last, q, o, nbytes
+
+
+def batch_call(lib, codes, variant, batch, st_setup):
+    paged, indices, indptr, last, q, o, _ = st_setup
+    st, keep = variant_args(variant)
+    ws_bytes = lib.workspace_size("batch_decode", batch, HQ, HKV, D)
+    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)
+    stream = torch.cuda.current_stream().cuda_stream
+    args = (q.data_ptr(), paged.data_ptr(), o.data_ptr(), None, indptr.data_ptr(),
+            indices.data_ptr(), last.data_ptr(), batch, HQ, HKV, D, PS, q.stride(0), q.stride(1),
+            paged.stride(0), paged.stride(1), paged.stride(2), paged.stride(3), o.stride(0),
+            o.stride(1), codes["dtype"], codes["variant"], 1 / math.sqrt(D),
+            ctypes.addressof(st) if st is not None else None, ws.data_ptr(), ws_bytes, stream)
+    fn = lib.batch_decode
+    return lambda: fn(*args), (st, keep, ws)
+
+
+def sdpa_fns(q4, k4, v4):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = {}
+    for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out[name] = fn
+        except Exception as e:  # noqa: BLE001 - a backend that refuses the shape is reported
+            out[name] = repr(e).splitlines()[0][:80]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--so-dir", default=os.environ.get("FLASHGEN_BENCH_SO_DIR"))
+    a = ap.parse_args()
+    libs = load(a.so_dir)
+    timer = Timer(a.iters)
+    rows = []
+
+    def row(name, seconds, nbytes, goal=""):
+        tbs = nbytes / seconds / 1e12 if isinstance(seconds, float) else float("nan")
+        rows.append({"case": name, "us": seconds * 1e6 if isinstance(seconds, float) else None,
+                     "TB/s": tbs, "goal": goal})
+        us = f"{seconds * 1e6:10.1f}" if isinstance(seconds, float) else f"{'n/a':>10}"
+        print(f"{name:44s} {us} us {tbs:7.2f} TB/s  {goal}"
+              + ("" if isinstance(seconds, float) else f"  ({seconds})"), flush=True)
+
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, median of {a.iters}, "
+          "L2 flushed", flush=True)
+    # Ceiling: a device-to-device copy of 2 GB.
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    row("copy 1 GiB (read + write)", timer(lambda: dst.copy_(src)), 2 * src.numel())
+    del src, dst
+
+    for batch, kv_len, goal in ((64, 4096, ">= 4.2 TB/s"), (128, 8192, ">= 4.4 TB/s")):
+        setup = batch_setup(batch, kv_len)
+        nbytes = setup[-1]
+        lib, codes = instance(libs, "batch_decode", dtype="bf16", head_dim=D, page_size=PS,
+                              variant="default")
+        fn, keep = batch_call(lib, codes, "default", batch, setup)
+        t_default = timer(fn)
+        row(f"batch_decode {batch}x{kv_len} default", t_default, nbytes, goal)
+        q4 = setup[4].view(batch, HQ, 1, D)
+        k4 = torch.randn(batch, HKV, kv_len, D, device=DEV, dtype=DT)
+        v4 = torch.randn_like(k4)
+        for name, f in sdpa_fns(q4, k4, v4).items():
+            row(f"  {name} {batch}x{kv_len} (contiguous)", timer(f) if callable(f) else f, nbytes)
+        del k4, v4, q4
+        if batch == 64:
+            for variant in ("soft_cap", "sliding_window", "alibi", "sigmoid"):
+                try:
+                    lib, codes = instance(libs, "batch_decode", dtype="bf16", head_dim=D,
+                                          page_size=PS, variant=variant)
+                except KeyError:
+                    continue
+                fn, keep = batch_call(lib, codes, variant, batch, setup)
+                t = timer(fn)
+                row(f"  {variant} {batch}x{kv_len} (+{(t / t_default - 1) * 100:.1f}%)", t, nbytes,
+                    "< 5% over default")
+        del setup, keep
+        torch.cuda.empty_cache()
+
+    lib, codes = instance(libs, "single_decode", dtype="bf16", head_dim=D, variant="default")
+    for kv_len, goal in ((32768, "> 3.8 TB/s"), (1024, "< 8 us")):
+        q = torch.randn(HQ, D, device=DEV, dtype=DT)
+        k = torch.randn(kv_len, HKV, D, device=DEV, dtype=DT)
+        v = torch.randn_like(k)
+        o = torch.empty_like(q)
+        ws_bytes = lib.workspace_size("single_decode", HQ, HKV, kv_len, D)
+        ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)
+        stream = torch.cuda.current_stream().cuda_stream
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), None, HQ, HKV, kv_len, D,
+                D, HKV * D, D, HKV * D, D, D, codes["dtype"], codes["variant"], 1 / math.sqrt(D),
+                None, ws.data_ptr(), ws_bytes, stream)
+        f = lib.single_decode
+        nbytes = 2 * q.numel() * 2 + 2 * k.numel() * 2
+        row(f"single_decode {kv_len} default", timer(lambda: f(*args)), nbytes, goal)
+        q4 = q.view(1, HQ, 1, D)
+        k4 = k.permute(1, 0, 2).contiguous()[None]
+        v4 = v.permute(1, 0, 2).contiguous()[None]
+        for name, fn in sdpa_fns(q4, k4, v4).items():
+            row(f"  {name} single {kv_len}", timer(fn) if callable(fn) else fn, nbytes)
+
+    # Host cost of one ctypes call (a call the C side rejects at once: no launch).
+    raw = lib._fns["flashgen_single_decode"]
+    bad = list(args)
+    bad[6] = 3  # num_kv_heads 3 does not divide 32: INVALID_ARGUMENT before any CUDA call
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        raw(*bad)
+    host_us = (time.perf_counter() - t0) / n * 1e6
+    print(f"ctypes call of flashgen_single_decode (22 args, rejected): {host_us:.2f} us",
+          flush=True)
+    rows.append({"case": "ctypes call overhead", "us": host_us})
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+/**
+ * @brief batch_decode: the C entry points of decode over a paged KV cache (int32 CSR pages).
+ *
+ * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
+ * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ */
+#include <flashgen_instance.cuh>
+
+#include <cstdio>
+
+#include "flashgen/abi.h"
+#include "flashgen/decode.cuh"
+#include "flashgen/decode_traits.cuh"
+#include "flashgen/launch.cuh"
+#include "flashgen/merge.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/status.cuh"
+
+FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+
+namespace {
+
+using namespace flashgen;
+
+struct Args {
+  const void* q;
+  const void* paged_kv;
+  void* o;
+  float* lse;
+  const int32_t *kv_indptr, *kv_indices, *kv_last_page_len;
+  int64_t batch_size, num_qo_heads, num_kv_heads;
+  int64_t q_stride_b, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
+  int64_t o_stride_b, o_stride_h;
+  float sm_scale;
+  const void* additional_params;
+  void* workspace;
+  int64_t workspace_bytes;
+  cudaStream_t stream;
+};
+
+struct Plan {
+  int64_t splits, head_slices, workspace;
+};
+
+// Request lengths live on the device, so the plan depends on the batch shape alone; each block
+// cuts its own request into `splits` chunks.
+template <int HEAD_DIM>
+int make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads, Plan* plan) {
+  using Traits = decode::DecodeTraits<HEAD_DIM>;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
+  const int64_t units = batch_size * num_kv_heads * plan->head_slices;
+  plan->splits = decode::plan_splits<Traits>(units, 0, dev.sm_count, dev.smem_per_sm);
+  plan->workspace =
+      decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
+  return FLASHGEN_OK;
+}
+
+int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) {
+  if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_decode: num_qo_heads (%lld) must be a positive multiple of "
+                "num_kv_heads (%lld)",
+                static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
+  }
+  if (batch_size <= 0 || batch_size > 65535) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: batch_size %lld out of range [1, 65535]",
+                static_cast<long long>(batch_size));
+  }
+  if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: too many heads (%lld kv, %lld qo)",
+                static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
+  }
+  return FLASHGEN_OK;
+}
+
+template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
+int run(const Args& a) {
+  using Params = BatchDecodeParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  using Traits = decode::DecodeTraits<HEAD_DIM>;
+
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
+  p.q = static_cast<const DType*>(a.q);
+  p.paged_kv = static_cast<const DType*>(a.paged_kv);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.kv_indptr = a.kv_indptr;
+  p.kv_indices = a.kv_indices;
+  p.kv_last_page_len = a.kv_last_page_len;
+  p.q_stride_b = a.q_stride_b;
+  p.q_stride_h = a.q_stride_h;
+  p.kv_stride_page = a.kv_stride_page;
+  p.kv_stride_kv = a.kv_stride_kv;
+  p.kv_stride_n = a.kv_stride_n;
+  p.kv_stride_h = a.kv_stride_h;
+  p.o_stride_b = a.o_stride_b;
+  p.o_stride_h = a.o_stride_h;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.page_size = PAGE_SIZE;
+  p.sm_scale = a.sm_scale;
+
+  Plan plan;
+  if (int st = make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, &plan)) {
+    return st;
+  }
+  float* part_o = nullptr;
+  float* part_w = nullptr;
+  const int64_t rows = a.batch_size * a.num_qo_heads;
+  if (plan.workspace > 0) {
+    if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
+      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                  "batch_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
+                  "(ask flashgen_batch_decode_workspace_size on the same device)",
+                  static_cast<long long>(plan.workspace),
+                  static_cast<long long>(a.workspace_bytes), a.workspace);
+    }
+    part_o = static_cast<float*>(a.workspace);
+    part_w = part_o + plan.splits * rows * HEAD_DIM;
+  }
+
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  auto kernel = decode::batch_decode_kernel<Traits, PAGE_SIZE, Variant, Params>;
+  static std::atomic<uint64_t> smem_done{0};
+  if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
+  const dim3 grid(static_cast<uint32_t>(plan.splits), static_cast<uint32_t>(a.batch_size),
+                  static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, a.stream>>>(
+      p, part_o, part_w, static_cast<uint32_t>(plan.splits),
+      static_cast<uint32_t>(plan.head_slices));
+  if (int st = check_launch("batch_decode kernel")) return st;
+
+  if (plan.splits > 1) {
+    decode::MergeOutput<DType> out{p.o,          p.lse,          p.o_stride_b,
+                                   p.o_stride_h, p.num_qo_heads, static_cast<uint32_t>(rows)};
+    decode::merge_kernel<HEAD_DIM, Variant, Params>
+        <<<static_cast<uint32_t>(rows), decode::kMergeThreads, 0, a.stream>>>(
+            p, part_o, part_w, static_cast<uint32_t>(plan.splits), out);
+    if (int st = check_launch("batch_decode merge kernel")) return st;
+  }
+  return FLASHGEN_OK;
+}
+
+}  // namespace
+
+extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_size,
+                                                                 int64_t num_qo_heads,
+                                                                 int64_t num_kv_heads,
+                                                                 int64_t head_dim,
+                                                                 int64_t* bytes) {
+  if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: bytes is NULL");
+  if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
+  int status = -1;
+  DISPATCH_head_dim(head_dim, kHeadDim, {
+    Plan plan;
+    status = make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, &plan);
+    if (status == FLASHGEN_OK) *bytes = plan.workspace;
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE, "batch_decode: this binary holds no head_dim %lld",
+                static_cast<long long>(head_dim));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_batch_decode(
+    const void* q, const void* paged_kv, void* o, float* lse, const int32_t* kv_indptr,
+    const int32_t* kv_indices, const int32_t* kv_last_page_len, int64_t batch_size,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
+    int64_t q_stride_b, int64_t q_stride_h, int64_t kv_stride_page, int64_t kv_stride_kv,
+    int64_t kv_stride_n, int64_t kv_stride_h, int64_t o_stride_b, int64_t o_stride_h,
+    int64_t dtype_code, int64_t variant_code, float sm_scale, const void* additional_params,
+    void* workspace, int64_t workspace_bytes, void* stream) {
+  if (q == nullptr || paged_kv == nullptr || o == nullptr || kv_indptr == nullptr ||
+      kv_indices == nullptr || kv_last_page_len == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
+                "not be NULL");
+  }
+  if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
+  if (!aligned16(paged_kv) || !vec_stride(kv_stride_page) || !vec_stride(kv_stride_kv) ||
+      !vec_stride(kv_stride_n) || !vec_stride(kv_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
+                "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
+                paged_kv, static_cast<long long>(kv_stride_page),
+                static_cast<long long>(kv_stride_kv), static_cast<long long>(kv_stride_n),
+                static_cast<long long>(kv_stride_h));
+  }
+  const Args a{q,           paged_kv,       o,              lse,
+               kv_indptr,   kv_indices,     kv_last_page_len, batch_size,
+               num_qo_heads, num_kv_heads,  q_stride_b,     q_stride_h,
+               kv_stride_page, kv_stride_kv, kv_stride_n,   kv_stride_h,
+               o_stride_b,  o_stride_h,     sm_scale,       additional_params,
+               workspace,   workspace_bytes, static_cast<cudaStream_t>(stream)};
+  int status = -1;
+  DISPATCH_dtype(dtype_code, DType, {
+    DISPATCH_head_dim(head_dim, kHeadDim, {
+      DISPATCH_page_size(page_size, kPageSize, {
+        DISPATCH_variant(variant_code, Tag, {
+          status = run<DType, kHeadDim, kPageSize, Tag>(a);
+        });
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "batch_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
+                "page_size %lld, variant code %lld",
+                static_cast<long long>(dtype_code), static_cast<long long>(head_dim),
+                static_cast<long long>(page_size), static_cast<long long>(variant_code));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_batch_decode_query(const int64_t* codes, int64_t ncodes,
+                                                        char* buf, int64_t buflen) {
+  if (codes == nullptr || ncodes != 4) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_decode_query: expected 4 codes (dtype, head_dim, page_size, variant), "
+                "got %lld",
+                static_cast<long long>(ncodes));
+  }
+  int status = -1;
+  DISPATCH_dtype(codes[0], DType, {
+    DISPATCH_head_dim(codes[1], kHeadDim, {
+      DISPATCH_page_size(codes[2], kPageSize, {
+        DISPATCH_variant(codes[3], Tag, {
+          char text[256];
+          std::snprintf(text, sizeof(text), "dtype=%s head_dim=%d page_size=%d variant=%s",
+                        dtype_name<DType>(), kHeadDim, kPageSize, Tag::name);
+          status = write_query(buf, buflen, text);
+        });
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "batch_decode_query: no instance for codes %lld %lld %lld %lld",
+                static_cast<long long>(codes[0]), static_cast<long long>(codes[1]),
+                static_cast<long long>(codes[2]), static_cast<long long>(codes[3]));
+  }
+  return status;
+}

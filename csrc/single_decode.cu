@@ -1,0 +1,219 @@
+/**
+ * @brief single_decode: the C entry points of one request's decode (split-KV over kv_len).
+ *
+ * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
+ * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ */
+#include <flashgen_instance.cuh>
+
+#include <cstdio>
+
+#include "flashgen/abi.h"
+#include "flashgen/decode.cuh"
+#include "flashgen/decode_traits.cuh"
+#include "flashgen/launch.cuh"
+#include "flashgen/merge.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/status.cuh"
+
+FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+
+namespace {
+
+using namespace flashgen;
+
+struct Args {
+  const void *q, *k, *v;
+  void* o;
+  float* lse;
+  int64_t num_qo_heads, num_kv_heads, kv_len;
+  int64_t q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, o_stride_h;
+  float sm_scale;
+  const void* additional_params;
+  void* workspace;
+  int64_t workspace_bytes;
+  cudaStream_t stream;
+};
+
+struct Plan {
+  int64_t splits, chunk, head_slices, workspace;
+};
+
+template <int HEAD_DIM>
+int make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, Plan* plan) {
+  using Traits = decode::DecodeTraits<HEAD_DIM>;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
+  const int64_t units = num_kv_heads * plan->head_slices;
+  const int64_t splits = decode::plan_splits<Traits>(units, kv_len, dev.sm_count, dev.smem_per_sm);
+  plan->chunk = decode::chunk_tokens(kv_len, splits);
+  plan->splits = decode::ceil_div(kv_len, plan->chunk);
+  plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
+  return FLASHGEN_OK;
+}
+
+int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
+  if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_decode: num_qo_heads (%lld) must be a positive multiple of "
+                "num_kv_heads (%lld)",
+                static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
+  }
+  if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: too many heads (%lld kv, %lld qo)",
+                static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
+  }
+  if (kv_len <= 0 || kv_len > (int64_t{1} << 30)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: kv_len %lld out of range [1, 2^30]",
+                static_cast<long long>(kv_len));
+  }
+  return FLASHGEN_OK;
+}
+
+template <typename DType, int HEAD_DIM, typename Tag>
+int run(const Args& a) {
+  using Params = SingleDecodeParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  using Traits = decode::DecodeTraits<HEAD_DIM>;
+
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
+  p.q = static_cast<const DType*>(a.q);
+  p.k = static_cast<const DType*>(a.k);
+  p.v = static_cast<const DType*>(a.v);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.q_stride_h = a.q_stride_h;
+  p.k_stride_n = a.k_stride_n;
+  p.k_stride_h = a.k_stride_h;
+  p.v_stride_n = a.v_stride_n;
+  p.v_stride_h = a.v_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.kv_len = static_cast<uint32_t>(a.kv_len);
+  p.sm_scale = a.sm_scale;
+
+  Plan plan;
+  if (int st = make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, &plan)) return st;
+  float* part_o = nullptr;
+  float* part_w = nullptr;
+  if (plan.workspace > 0) {
+    if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
+      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                  "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
+                  "(ask flashgen_single_decode_workspace_size on the same device)",
+                  static_cast<long long>(plan.workspace),
+                  static_cast<long long>(a.workspace_bytes), a.workspace);
+    }
+    part_o = static_cast<float*>(a.workspace);
+    part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
+  }
+
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
+  static std::atomic<uint64_t> smem_done{0};
+  if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
+  const dim3 grid(static_cast<uint32_t>(plan.splits),
+                  static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, a.stream>>>(
+      p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
+      static_cast<uint32_t>(plan.head_slices));
+  if (int st = check_launch("single_decode kernel")) return st;
+
+  if (plan.splits > 1) {
+    decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
+    decode::merge_kernel<HEAD_DIM, Variant, Params>
+        <<<p.num_qo_heads, decode::kMergeThreads, 0, a.stream>>>(
+            p, part_o, part_w, static_cast<uint32_t>(plan.splits), out);
+    if (int st = check_launch("single_decode merge kernel")) return st;
+  }
+  return FLASHGEN_OK;
+}
+
+}  // namespace
+
+extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo_heads,
+                                                                  int64_t num_kv_heads,
+                                                                  int64_t kv_len,
+                                                                  int64_t head_dim,
+                                                                  int64_t* bytes) {
+  if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: bytes is NULL");
+  if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
+  int status = -1;
+  DISPATCH_head_dim(head_dim, kHeadDim, {
+    Plan plan;
+    status = make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, &plan);
+    if (status == FLASHGEN_OK) *bytes = plan.workspace;
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE, "single_decode: this binary holds no head_dim %lld",
+                static_cast<long long>(head_dim));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_single_decode(
+    const void* q, const void* k, const void* v, void* o, float* lse, int64_t num_qo_heads,
+    int64_t num_kv_heads, int64_t kv_len, int64_t head_dim, int64_t q_stride_h,
+    int64_t k_stride_n, int64_t k_stride_h, int64_t v_stride_n, int64_t v_stride_h,
+    int64_t o_stride_h, int64_t dtype_code, int64_t variant_code, float sm_scale,
+    const void* additional_params, void* workspace, int64_t workspace_bytes, void* stream) {
+  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: q, k, v and o must not be NULL");
+  }
+  if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
+  if (!aligned16(k) || !aligned16(v) || !vec_stride(k_stride_n) || !vec_stride(k_stride_h) ||
+      !vec_stride(v_stride_n) || !vec_stride(v_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_decode: k and v must be 16-byte aligned with strides that are multiples "
+                "of 8 elements (k %p strides %lld,%lld; v %p strides %lld,%lld)",
+                k, static_cast<long long>(k_stride_n), static_cast<long long>(k_stride_h), v,
+                static_cast<long long>(v_stride_n), static_cast<long long>(v_stride_h));
+  }
+  const Args a{q, k, v, o, lse, num_qo_heads, num_kv_heads, kv_len, q_stride_h, k_stride_n,
+               k_stride_h, v_stride_n, v_stride_h, o_stride_h, sm_scale, additional_params,
+               workspace, workspace_bytes, static_cast<cudaStream_t>(stream)};
+  int status = -1;
+  DISPATCH_dtype(dtype_code, DType, {
+    DISPATCH_head_dim(head_dim, kHeadDim, {
+      DISPATCH_variant(variant_code, Tag, { status = run<DType, kHeadDim, Tag>(a); });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "single_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
+                "variant code %lld",
+                static_cast<long long>(dtype_code), static_cast<long long>(head_dim),
+                static_cast<long long>(variant_code));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_single_decode_query(const int64_t* codes, int64_t ncodes,
+                                                         char* buf, int64_t buflen) {
+  if (codes == nullptr || ncodes != 3) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_decode_query: expected 3 codes (dtype, head_dim, variant), got %lld",
+                static_cast<long long>(ncodes));
+  }
+  int status = -1;
+  DISPATCH_dtype(codes[0], DType, {
+    DISPATCH_head_dim(codes[1], kHeadDim, {
+      DISPATCH_variant(codes[2], Tag, {
+        char text[256];
+        std::snprintf(text, sizeof(text), "dtype=%s head_dim=%d variant=%s",
+                      dtype_name<DType>(), kHeadDim, Tag::name);
+        status = write_query(buf, buflen, text);
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE, "single_decode_query: no instance for codes %lld %lld %lld",
+                static_cast<long long>(codes[0]), static_cast<long long>(codes[1]),
+                static_cast<long long>(codes[2]));
+  }
+  return status;
+}

@@ -1,0 +1,404 @@
+/**
+ * @brief The decode kernels: one query per request against a contiguous or paged KV cache.
+ *
+ * Each warp streams its own 16-token tiles of K and V through a cp.async ring, computes
+ * S^T = K Q^T and O^T += V^T P^T with mma.m16n8k16 (the query heads of one kv head are the
+ * n = 8 dimension), keeps an online base-2 softmax per head, and the block's warps are combined
+ * in shared memory. The block writes either the final output (one split) or a partial result
+ * for merge.cuh (split-KV).
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flashgen/decode_traits.cuh"
+#include "flashgen/math.cuh"
+#include "flashgen/ptx_sm80.cuh"
+#include "flashgen/variant_hooks.cuh"
+
+namespace flashgen {
+namespace decode {
+
+__device__ __forceinline__ float to_float(half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ half from_float<half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/** K and V of one kv head stored densely by token: row `pos` at base + pos * stride_n. */
+template <typename DTypeKV>
+struct ContiguousKV {
+  static constexpr bool kUsesHandle = false;
+  const DTypeKV* k;
+  const DTypeKV* v;
+  int64_t k_stride_n, v_stride_n;
+
+  __device__ __forceinline__ int32_t fetch(uint32_t, uint32_t) const { return 0; }
+  __device__ __forceinline__ const DTypeKV* k_row(int32_t, uint32_t pos) const {
+    return k + pos * k_stride_n;
+  }
+  __device__ __forceinline__ const DTypeKV* v_row(int32_t, uint32_t pos) const {
+    return v + pos * v_stride_n;
+  }
+};
+
+/** K and V of one kv head in a paged cache; the handle of a row is its page id. */
+template <typename DTypeKV, int PAGE_SIZE>
+struct PagedKV {
+  static constexpr bool kUsesHandle = true;
+  const DTypeKV* base;  // paged_kv + kv_head * stride_h
+  const int32_t* pages; // kv_indices + kv_indptr[request]
+  int64_t stride_page, stride_kv, stride_n;
+
+  __device__ __forceinline__ int32_t fetch(uint32_t pos, uint32_t end) const {
+    return pos < end ? __ldg(pages + pos / PAGE_SIZE) : 0;
+  }
+  __device__ __forceinline__ const DTypeKV* k_row(int32_t page, uint32_t pos) const {
+    return base + page * stride_page + (pos % PAGE_SIZE) * stride_n;
+  }
+  __device__ __forceinline__ const DTypeKV* v_row(int32_t page, uint32_t pos) const {
+    return k_row(page, pos) + stride_kv;
+  }
+};
+
+/** Where a block's result goes: the output rows (one split) or the workspace (split-KV). */
+template <typename DTypeO>
+struct BlockOutput {
+  DTypeO* o;          // row of the block's first query head
+  int64_t o_stride_h;
+  float* lse;         // may be null
+  float* part_o;      // non-null: write partial results here instead ([head][head_dim])
+  float* part_w;      // base-2 LSE (softmax) or sum of weights, per head
+};
+
+/**
+ * One block's work: query heads [head0, head0 + num_heads) of `kv_head` over kv positions
+ * [begin, end) of request `batch_idx`. `q` points at head0's query row.
+ */
+template <typename Traits, typename Variant, typename Params, typename KV>
+__device__ __forceinline__ void decode_block(const Params& params, Variant& variant, const KV& kv,
+                                             const typename Params::DTypeQ* q, int64_t q_stride_h,
+                                             uint32_t batch_idx, uint32_t kv_head, uint32_t head0,
+                                             uint32_t num_heads, uint32_t begin, uint32_t end,
+                                             uint8_t* smem,
+                                             const BlockOutput<typename Params::DTypeO>& out) {
+  using DTypeQ = typename Params::DTypeQ;
+  using DTypeKV = typename Params::DTypeKV;
+  using DTypeO = typename Params::DTypeO;
+  static_assert(sizeof(DTypeQ) == 2 && sizeof(DTypeKV) == 2, "16-bit inputs");
+  constexpr bool kSoftmax = Variant::use_softmax;
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kS = Traits::kStages;
+  constexpr int kChunks = Traits::kChunks;
+  constexpr float kMasked = kSoftmax ? -math::inf : 0.f;
+
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warp = threadIdx.x >> 5;
+  const uint32_t group = lane >> 2;  // fragment row
+  const uint32_t pair = lane & 3;    // fragment column pair
+
+  // Query fragments (B operand of S^T = K Q^T): head `group`, dims 2*pair.. of each k step.
+  uint32_t qf[Traits::kKSteps][2];
+  {
+    const bool valid = group < num_heads;
+    const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
+#pragma unroll
+      for (int half_k = 0; half_k < 2; ++half_k) {
+        const int d = ks * 16 + half_k * 8 + 2 * pair;
+        float x0 = 0.f, x1 = 0.f;
+        if (valid) {
+          x0 = hooks::query_transform(variant, params, to_float(qh[d]));
+          x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
+        }
+        qf[ks][half_k] = ptx::pack2<DTypeKV>(x0, x1);
+      }
+    }
+  }
+
+  // This warp's tiles: j = warp, warp + kWarps, ... of the block's range.
+  const uint32_t num_tiles = end > begin ? (end - begin + 15) / 16 : 0;
+  const uint32_t my_tiles =
+      num_tiles > warp ? (num_tiles - warp + Traits::kWarps - 1) / Traits::kWarps : 0;
+  auto tile_pos = [&](uint32_t i) { return begin + 16 * (warp + Traits::kWarps * i); };
+
+  uint8_t* ring = smem + Traits::kVariantSmemBytes + warp * Traits::kWarpRingBytes;
+  const uint32_t ring_addr = ptx::smem_addr(ring);
+  const uint32_t copy_row = lane / kChunks;
+  const uint32_t copy_chunk = lane % kChunks;
+
+  int32_t next_handle = my_tiles > 0 ? kv.fetch(tile_pos(0) + (lane & 15), end) : 0;
+  auto issue = [&](uint32_t i, uint32_t slot) {
+    const uint32_t tpos = tile_pos(i);
+    const int32_t handle = next_handle;
+    if (KV::kUsesHandle && i + 1 < my_tiles) {  // one tile ahead: its latency hides here
+      next_handle = kv.fetch(tpos + 16 * Traits::kWarps + (lane & 15), end);
+    }
+    const uint32_t k_dst = ring_addr + slot * Traits::kStageBytes;
+    const uint32_t v_dst = k_dst + Traits::kTileBytes;
+#pragma unroll
+    for (int c = 0; c < Traits::kCopiesPerTile; ++c) {
+      const uint32_t row = c * Traits::kRowsPerCopy + copy_row;
+      int32_t h = 0;
+      if constexpr (KV::kUsesHandle) h = __shfl_sync(0xffffffffu, handle, row);
+      const uint32_t pos = tpos + row;
+      const bool valid = pos < end;
+      const uint32_t dst = (row * kChunks + (copy_chunk ^ (row & 7))) * 16;
+      const DTypeKV* k_src = valid ? kv.k_row(h, pos) + copy_chunk * 8 : kv.k_row(0, begin);
+      const DTypeKV* v_src = valid ? kv.v_row(h, pos) + copy_chunk * 8 : kv.v_row(0, begin);
+      ptx::cp_async_16(k_dst + dst, k_src, valid ? 16u : 0u);
+      ptx::cp_async_16(v_dst + dst, v_src, valid ? 16u : 0u);
+    }
+  };
+
+  float m[2] = {-math::inf, -math::inf};  // running max of heads 2*pair, 2*pair+1 (base 2)
+  float dsum[2] = {0.f, 0.f};             // this lane's share of the softmax denominator
+  float acc[Traits::kMTiles][4];          // O^T: dims mt*16 + group (+8), heads 2*pair (+1)
+#pragma unroll
+  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
+  }
+
+  // ldmatrix row addresses: K as A (rows = tokens), V as A^T via .trans (rows = tokens).
+  const uint32_t mi = lane >> 3;
+  const uint32_t r7 = lane & 7;
+  const uint32_t k_row = (mi & 1) * 8 + r7, k_chunk0 = mi >> 1;
+  const uint32_t v_row = (mi >> 1) * 8 + r7, v_chunk0 = mi & 1;
+
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < static_cast<int>(my_tiles)) issue(s, s);
+    ptx::cp_async_commit();
+  }
+
+  for (uint32_t i = 0; i < my_tiles; ++i) {
+    if (i + kS - 1 < my_tiles) issue(i + kS - 1, (i + kS - 1) % kS);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<kS - 1>();
+    __syncwarp();
+
+    const uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
+    const uint32_t v_base = k_base + Traits::kTileBytes;
+
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
+      uint32_t a[4];
+      const uint32_t chunk = (ks * 2 + k_chunk0) ^ r7;
+      ptx::ldmatrix_x4(a, k_base + (k_row * kChunks + chunk) * 16);
+      ptx::mma_16816<DTypeKV>(s, a, qf[ks][0], qf[ks][1]);
+    }
+
+    // s[e]: token group + 8*(e>>1), head 2*pair + (e&1).
+    const uint32_t tpos = tile_pos(i);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t pos = tpos + group + 8 * (e >> 1);
+      const uint32_t h = 2 * pair + (e & 1);
+      float x = kMasked;
+      if (pos < end && h < num_heads &&
+          hooks::logits_mask(variant, params, batch_idx, 0, pos, head0 + h, kv_head)) {
+        x = hooks::logits_transform(variant, params, s[e], batch_idx, 0, pos, head0 + h, kv_head);
+      }
+      s[e] = x;
+    }
+
+    if constexpr (kSoftmax) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float mx = fmaxf(s[j], s[j + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m[j], mx);
+        const float m_ref = m_new == -math::inf ? 0.f : m_new;
+        const float scale = math::ptx_exp2(m[j] - m_ref);
+        s[j] = math::ptx_exp2(s[j] - m_ref);
+        s[j + 2] = math::ptx_exp2(s[j + 2] - m_ref);
+        dsum[j] = dsum[j] * scale + s[j] + s[j + 2];
+        m[j] = m_new;
+#pragma unroll
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+          acc[mt][j] *= scale;
+          acc[mt][j + 2] *= scale;
+        }
+      }
+    } else {
+      dsum[0] += s[0] + s[2];
+      dsum[1] += s[1] + s[3];
+    }
+
+    // P^T as the B operand of O^T = V^T P^T: transpose the two 8x8 token x head blocks.
+    const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));
+    const uint32_t b1 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[2], s[3]));
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+      uint32_t a[4];
+      const uint32_t chunk = (mt * 2 + v_chunk0) ^ r7;
+      ptx::ldmatrix_x4_trans(a, v_base + (v_row * kChunks + chunk) * 16);
+      ptx::mma_16816<DTypeKV>(acc[mt], a, b0, b1);
+    }
+    __syncwarp();
+  }
+  ptx::cp_async_wait<0>();
+
+  // The denominator over all of this warp's tokens (lanes of one column pair share a head).
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 4);
+    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 8);
+    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 16);
+  }
+
+  // Combine the warps in shared memory (the rings are free once every warp is done).
+  __syncthreads();
+  constexpr int kH = Traits::kHeadsPerBlock;
+  float* c_m = reinterpret_cast<float*>(smem + Traits::kVariantSmemBytes);  // [warp][head]
+  float* c_d = c_m + Traits::kWarps * kH;                                   // [warp][head]
+  float* c_o = c_d + Traits::kWarps * kH;                                   // [warp][head][dim]
+  if (group == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      c_m[warp * kH + 2 * pair + j] = m[j];
+      c_d[warp * kH + 2 * pair + j] = dsum[j];
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = 2 * pair + (e & 1);
+      const int d = mt * 16 + group + 8 * (e >> 1);
+      c_o[(warp * kH + h) * kD + d] = acc[mt][e];
+    }
+  }
+  __syncthreads();
+
+  for (uint32_t idx = threadIdx.x; idx < num_heads * kD; idx += Traits::kThreads) {
+    const uint32_t h = idx / kD, d = idx % kD;
+    float num = 0.f, den = 0.f, m_ref = 0.f;
+    if constexpr (kSoftmax) {
+      float mx = -math::inf;
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) mx = fmaxf(mx, c_m[w * kH + h]);
+      m_ref = mx == -math::inf ? 0.f : mx;
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) {
+        const float wt = math::ptx_exp2(c_m[w * kH + h] - m_ref);
+        num += wt * c_o[(w * kH + h) * kD + d];
+        den += wt * c_d[w * kH + h];
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < Traits::kWarps; ++w) {
+        num += c_o[(w * kH + h) * kD + d];
+        den += c_d[w * kH + h];
+      }
+    }
+    const float value = kSoftmax ? (den > 0.f ? num / den : 0.f) : num;
+    // Base-2 LSE for softmax; the plain sum of weights otherwise.
+    const float weight =
+        kSoftmax ? (den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf) : den;
+    if (out.part_o != nullptr) {
+      out.part_o[h * kD + d] = value;
+      if (d == 0) out.part_w[h] = weight;
+    } else {
+      const float y = hooks::output_transform(variant, params, value, batch_idx, 0, head0 + h);
+      out.o[h * out.o_stride_h + d] = from_float<DTypeO>(y);
+      if (d == 0 && out.lse != nullptr) {
+        out.lse[h] = kSoftmax ? weight * math::ln2 : logf(weight);
+      }
+    }
+  }
+}
+
+/** Block (split, kv_head * head_slices): one request held densely (NHD or HND by strides). */
+template <typename Traits, typename Variant, typename Params>
+__global__ void __launch_bounds__(Traits::kThreads)
+    single_decode_kernel(const __grid_constant__ Params params, float* part_o, float* part_w,
+                         uint32_t chunk, uint32_t num_head_slices) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  using DTypeKV = typename Params::DTypeKV;
+  const uint32_t split = blockIdx.x;
+  const uint32_t kv_head = blockIdx.y / num_head_slices;
+  const uint32_t slice = blockIdx.y % num_head_slices;
+  const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;
+  const uint32_t first = slice * Traits::kHeadsPerBlock;
+  const uint32_t num_heads = min(Traits::kHeadsPerBlock, group_size - first);
+  const uint32_t head0 = kv_head * group_size + first;
+  const uint32_t begin = split * chunk;
+  const uint32_t end = min(params.kv_len, begin + chunk);
+
+  Variant variant(params, 0, smem);
+  ContiguousKV<DTypeKV> kv{params.k + kv_head * params.k_stride_h,
+                           params.v + kv_head * params.v_stride_h, params.k_stride_n,
+                           params.v_stride_n};
+  BlockOutput<typename Params::DTypeO> out{params.o + head0 * params.o_stride_h,
+                                           params.o_stride_h,
+                                           params.lse ? params.lse + head0 : nullptr, nullptr,
+                                           nullptr};
+  if (part_o != nullptr) {
+    const int64_t row0 = static_cast<int64_t>(split) * params.num_qo_heads + head0;
+    out.part_o = part_o + row0 * Traits::kHeadDim;
+    out.part_w = part_w + row0;
+  }
+  decode_block<Traits>(params, variant, kv, params.q + head0 * params.q_stride_h,
+                       params.q_stride_h, 0, kv_head, head0, num_heads, begin, end, smem, out);
+}
+
+/** Block (split, request, kv_head * head_slices) over a paged cache of PAGE_SIZE tokens a page. */
+template <typename Traits, int PAGE_SIZE, typename Variant, typename Params>
+__global__ void __launch_bounds__(Traits::kThreads)
+    batch_decode_kernel(const __grid_constant__ Params params, float* part_o, float* part_w,
+                        uint32_t num_splits, uint32_t num_head_slices) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  using DTypeKV = typename Params::DTypeKV;
+  const uint32_t split = blockIdx.x;
+  const uint32_t batch_idx = blockIdx.y;
+  const uint32_t kv_head = blockIdx.z / num_head_slices;
+  const uint32_t slice = blockIdx.z % num_head_slices;
+  const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;
+  const uint32_t first = slice * Traits::kHeadsPerBlock;
+  const uint32_t num_heads = min(Traits::kHeadsPerBlock, group_size - first);
+  const uint32_t head0 = kv_head * group_size + first;
+
+  const int32_t page_begin = params.kv_indptr[batch_idx];
+  const int32_t num_pages = params.kv_indptr[batch_idx + 1] - page_begin;
+  const uint32_t kv_len =
+      num_pages <= 0 ? 0u
+                     : uint32_t(num_pages - 1) * PAGE_SIZE +
+                           uint32_t(params.kv_last_page_len[batch_idx]);
+  const uint32_t chunk = ((kv_len + num_splits - 1) / num_splits + 15) / 16 * 16;
+  const uint32_t begin = min(kv_len, split * chunk);
+  const uint32_t end = min(kv_len, begin + chunk);
+
+  Variant variant(params, batch_idx, smem);
+  PagedKV<DTypeKV, PAGE_SIZE> kv{params.paged_kv + kv_head * params.kv_stride_h,
+                                 params.kv_indices + page_begin, params.kv_stride_page,
+                                 params.kv_stride_kv, params.kv_stride_n};
+  const int64_t row0 = static_cast<int64_t>(batch_idx) * params.num_qo_heads + head0;
+  BlockOutput<typename Params::DTypeO> out{
+      params.o + batch_idx * params.o_stride_b + head0 * params.o_stride_h, params.o_stride_h,
+      params.lse ? params.lse + row0 : nullptr, nullptr, nullptr};
+  if (part_o != nullptr) {
+    const int64_t row = static_cast<int64_t>(split) * params.batch_size * params.num_qo_heads + row0;
+    out.part_o = part_o + row * Traits::kHeadDim;
+    out.part_w = part_w + row;
+  }
+  decode_block<Traits>(params, variant, kv,
+                       params.q + batch_idx * params.q_stride_b + head0 * params.q_stride_h,
+                       params.q_stride_h, batch_idx, kv_head, head0, num_heads, begin, end, smem,
+                       out);
+}
+
+}  // namespace decode
+}  // namespace flashgen

@@ -1,0 +1,94 @@
+/**
+ * @brief Tile shapes, shared-memory layout and the split-KV plan of the decode kernels.
+ *
+ * A block serves one (request, kv head, split) and up to kHeadsPerBlock query heads of that kv
+ * head (the n = 8 of mma.m16n8k16: S^T = K Q^T and O^T = V^T P^T, so the GQA group rides in the
+ * small dimension and K/V are read once for the whole group). Its four warps stream interleaved
+ * 16-token tiles through private cp.async rings, then combine in shared memory.
+ */
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace flashgen {
+namespace decode {
+
+template <int HEAD_DIM_, int ELEM_BYTES_ = 2>
+struct DecodeTraits {
+  static constexpr int kHeadDim = HEAD_DIM_;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
+  static_assert(ELEM_BYTES_ == 2, "16-bit K/V only");
+
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kTileTokens = 16;    // mma m (scores) and k (P V)
+  static constexpr int kHeadsPerBlock = 8;  // mma n: query heads sharing one kv head
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kMTiles = kHeadDim / 16;
+  static constexpr int kChunks = kHeadDim * ELEM_BYTES_ / 16;  // 16-byte chunks per K/V row
+  static constexpr int kRowsPerCopy = 32 / kChunks;            // rows one warp-wide copy covers
+  static constexpr int kCopiesPerTile = kTileTokens / kRowsPerCopy;
+
+  // Ring depth per warp. Measured reason: a warp must keep >= 2 tiles in flight to cover DRAM
+  // latency; deeper rings for small rows, and <= ~128 KB per block so sm_80 still fits one.
+  static constexpr int kStages = kHeadDim == 64 ? 4 : (kHeadDim == 128 ? 3 : 2);
+  static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  static constexpr int kPipeBytes = kWarps * kWarpRingBytes;
+  static constexpr int kCombineBytes =
+      kWarps * kHeadsPerBlock * (kHeadDim + 2) * static_cast<int>(sizeof(float));
+  static constexpr int kVariantSmemBytes = 256;  // scratch a variant may use (smem_ptr)
+  static constexpr int kSmemBytes =
+      kVariantSmemBytes + (kPipeBytes > kCombineBytes ? kPipeBytes : kCombineBytes);
+  static_assert(kCopiesPerTile * kRowsPerCopy == kTileTokens, "tile rows must split evenly");
+  static_assert(kStages >= 2, "a ring needs two stages");
+};
+
+/** Split-KV tuning: blocks per SM slot we aim for, and the shortest chunk worth a block. */
+#ifndef FLASHGEN_DECODE_TARGET_WAVES
+#define FLASHGEN_DECODE_TARGET_WAVES 1
+#endif
+constexpr int64_t kMinChunkTokens = 64;
+constexpr int64_t kMaxSplits = 256;
+constexpr int64_t kMergeMaxSplits = kMaxSplits;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/** Resident blocks per SM, from shared memory alone (the same on every call for one device). */
+template <typename Traits>
+inline int64_t blocks_per_sm(int64_t smem_per_sm) {
+  const int64_t per_block = Traits::kSmemBytes + 1024;  // 1 KB reserved per block
+  return std::max<int64_t>(1, std::min<int64_t>(8, smem_per_sm / per_block));
+}
+
+/** Head slices: query heads per kv head beyond kHeadsPerBlock go to further blocks. */
+template <typename Traits>
+inline int64_t head_slices(int64_t group_size) {
+  return ceil_div(group_size, Traits::kHeadsPerBlock);
+}
+
+/** Splits of one request so that units * splits fills the GPU; never chunks under 64 tokens. */
+template <typename Traits>
+inline int64_t plan_splits(int64_t units, int64_t max_kv_len, int64_t sm_count,
+                           int64_t smem_per_sm) {
+  const int64_t slots = sm_count * blocks_per_sm<Traits>(smem_per_sm);
+  int64_t splits = ceil_div(FLASHGEN_DECODE_TARGET_WAVES * slots, std::max<int64_t>(units, 1));
+  if (max_kv_len > 0) splits = std::min(splits, ceil_div(max_kv_len, kMinChunkTokens));
+  return std::max<int64_t>(1, std::min(splits, kMaxSplits));
+}
+
+/** Tokens per split, a multiple of the tile (and so of page size 16). */
+inline int64_t chunk_tokens(int64_t kv_len, int64_t splits) {
+  return ceil_div(ceil_div(kv_len, splits), 16) * 16;
+}
+
+/** Workspace: partial outputs [splits][rows][head_dim] then weights [splits][rows], fp32. */
+inline int64_t workspace_bytes(int64_t splits, int64_t rows, int64_t head_dim) {
+  if (splits <= 1) return 0;
+  return splits * rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace decode
+}  // namespace flashgen

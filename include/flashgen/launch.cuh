@@ -1,0 +1,97 @@
+/**
+ * @brief Host-side launch helpers: cached device properties, the dynamic shared-memory opt-in,
+ * argument checks shared by the entry points, and the copy of the variant's additional params.
+ */
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <cuda_runtime.h>
+
+#include "flashgen/abi.h"
+#include "flashgen/params.cuh"
+#include "flashgen/status.cuh"
+
+namespace flashgen {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int device;
+  int sm_count;
+  int smem_per_sm;     // bytes of shared memory per multiprocessor
+  int smem_per_block;  // opt-in maximum per block
+};
+
+/** Properties of the current device, read once per device. */
+inline int current_device(DeviceInfo* info) {
+  static DeviceInfo cache[kMaxDevices];
+  static std::atomic<bool> ready[kMaxDevices];
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    return fail(FLASHGEN_CUDA_ERROR, "cudaGetDevice: %s", cudaGetErrorString(err));
+  }
+  if (dev >= 0 && dev < kMaxDevices && ready[dev].load(std::memory_order_acquire)) {
+    *info = cache[dev];
+    return FLASHGEN_OK;
+  }
+  DeviceInfo d{dev, 0, 0, 0};
+  err = cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  }
+  if (err != cudaSuccess) {
+    return fail(FLASHGEN_CUDA_ERROR, "reading properties of device %d: %s", dev,
+                cudaGetErrorString(err));
+  }
+  if (dev >= 0 && dev < kMaxDevices) {
+    cache[dev] = d;
+    ready[dev].store(true, std::memory_order_release);
+  }
+  *info = d;
+  return FLASHGEN_OK;
+}
+
+/** Raises a kernel's dynamic shared-memory limit on the current device, once per device. */
+template <typename Kernel>
+inline int allow_smem(Kernel kernel, const DeviceInfo& dev, int bytes, std::atomic<uint64_t>& done) {
+  if (bytes > dev.smem_per_block) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "kernel needs %d bytes of shared memory; device %d allows %d per block", bytes,
+                dev.device, dev.smem_per_block);
+  }
+  const uint64_t bit = dev.device < 64 ? (uint64_t{1} << dev.device) : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return FLASHGEN_OK;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) {
+    return fail(FLASHGEN_CUDA_ERROR, "cudaFuncSetAttribute: %s", cudaGetErrorString(err));
+  }
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return FLASHGEN_OK;
+}
+
+/** Copies the caller's additional-params struct (laid out as ADDITIONAL_PARAMS_DECL). */
+inline int copy_additional_params(AdditionalParams* dst, const void* src, const char* module) {
+  if constexpr (!std::is_empty<AdditionalParams>::value) {
+    if (src == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "%s: additional_params is NULL but this variant takes parameters", module);
+    }
+    std::memcpy(static_cast<void*>(dst), src, sizeof(AdditionalParams));
+  }
+  return FLASHGEN_OK;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+/** K/V rows are read as 16-byte vectors: their strides must be multiples of 8 elements. */
+inline bool vec_stride(int64_t stride) { return stride % 8 == 0; }
+
+}  // namespace flashgen

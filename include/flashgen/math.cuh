@@ -1,0 +1,54 @@
+/**
+ * @brief Math helpers every variant may use: fast PTX exp2/log2/rcp/tanh and log2(e).
+ *
+ * Reachable unqualified from a variant as `math::...` (a namespace alias at global scope), as in
+ * the RFC's variant examples. The softmax path of every kernel works in base 2.
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flashgen {
+namespace math {
+
+constexpr float log2e = 1.4426950408889634f;  // log2(e): natural-log logits to base 2
+constexpr float ln2 = 0.6931471805599453f;    // ln(2): base-2 LSE back to natural log
+constexpr float inf = __builtin_huge_valf();
+
+/** 2^x, one MUFU instruction (flushes denormals; exact enough for softmax weights). */
+__device__ __forceinline__ float ptx_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/** log2(x), one MUFU instruction. */
+__device__ __forceinline__ float ptx_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/** 1/x, one MUFU instruction. */
+__device__ __forceinline__ float ptx_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/** tanh(x) in one MUFU instruction (sm_75+); relative error about 2^-11. */
+__device__ __forceinline__ float ptx_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/** tanh(x) to full float precision; costs a few more instructions than ptx_tanh. */
+__device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }
+
+}  // namespace math
+}  // namespace flashgen
+
+// Variant headers are written at global scope and say `math::ptx_exp2`, `math::log2e`.
+namespace math = ::flashgen::math;

@@ -1,0 +1,76 @@
+/**
+ * @brief The params structs the decode kernels pass to variants (core members + additional ones).
+ *
+ * The variant's additional parameters come from the generated ADDITIONAL_PARAMS_DECL
+ * (`float logits_soft_cap;` ...) as members of AdditionalParams, a base of every params struct,
+ * so a variant reads them as `params.<name>`. The entry point copies the caller's
+ * `additional_params` struct into that base: it must be laid out as ADDITIONAL_PARAMS_DECL of the
+ * header the binary was built from (in the instance form: the variant's own parameters).
+ */
+#pragma once
+
+#include <cstdint>
+
+#ifndef ADDITIONAL_PARAMS_DECL
+#error "include <flashgen_instance.cuh> (the generated header) before flashgen/params.cuh"
+#endif
+
+namespace flashgen {
+
+/** The variant's additional parameters, in declared order with natural C alignment. */
+struct AdditionalParams {
+  ADDITIONAL_PARAMS_DECL
+};
+
+/** One request: q [num_qo_heads, head_dim], k/v [kv_len, heads, head_dim] through strides. */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct SingleDecodeParams : AdditionalParams {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using IdType = int32_t;
+
+  const DTypeQ* q;
+  const DTypeKV* k;
+  const DTypeKV* v;
+  DTypeO* o;
+  float* lse;  // may be null
+  int64_t q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, o_stride_h;
+  uint32_t num_qo_heads, num_kv_heads, kv_len;
+  float sm_scale;
+
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t) const { return 1; }
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t) const { return kv_len; }
+};
+
+/** A batch over a paged KV cache with an int32 CSR page table. */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct BatchDecodeParams : AdditionalParams {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using IdType = int32_t;
+
+  const DTypeQ* q;
+  const DTypeKV* paged_kv;
+  DTypeO* o;
+  float* lse;  // may be null
+  const IdType* kv_indptr;
+  const IdType* kv_indices;
+  const IdType* kv_last_page_len;
+  int64_t q_stride_b, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
+  int64_t o_stride_b, o_stride_h;
+  uint32_t batch_size, num_qo_heads, num_kv_heads, page_size;
+  float sm_scale;
+
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t) const { return 1; }
+  /** Reads the page table: call on the device only. */
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t batch_idx) const {
+    const int32_t num_pages = kv_indptr[batch_idx + 1] - kv_indptr[batch_idx];
+    return num_pages <= 0 ? 0u
+                          : uint32_t(num_pages - 1) * page_size +
+                                uint32_t(kv_last_page_len[batch_idx]);
+  }
+};
+
+}  // namespace flashgen

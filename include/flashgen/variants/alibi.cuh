@@ -1,0 +1,27 @@
+/**
+ * @brief ALiBi: softmax(sm_scale * q.k + slope[qo_head] * (kv_pos - q_pos)); slopes are a device
+ * float array with one entry per query head.
+ */
+#pragma once
+
+#include "flashgen/variants/default.cuh"
+
+template <typename ParamsT_>
+struct ALiBi : DefaultAttention<ParamsT_> {
+  using ParamsT = ParamsT_;
+  static constexpr bool use_softmax = true;
+
+  int64_t q_pos_base;  // position of query 0: kv_len - qo_len
+
+  __device__ __host__ ALiBi(const ParamsT& params, uint32_t batch_idx, uint8_t* smem_ptr)
+      : DefaultAttention<ParamsT_>(params, batch_idx, smem_ptr),
+        q_pos_base(int64_t(params.get_kv_len(batch_idx)) - params.get_qo_len(batch_idx)) {}
+
+  template <typename T>
+  __device__ __forceinline__ T LogitsTransform(const ParamsT& params, T logits, uint32_t,
+                                               uint32_t qo_idx, uint32_t kv_idx,
+                                               uint32_t qo_head_idx, uint32_t) {
+    const float slope_log2e = __ldg(params.alibi_slopes + qo_head_idx) * math::log2e;
+    return logits + slope_log2e * float(int64_t(kv_idx) - (q_pos_base + qo_idx));
+  }
+};

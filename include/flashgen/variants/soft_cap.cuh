@@ -1,0 +1,33 @@
+/**
+ * @brief LogitsSoftCap: softmax over cap * tanh(sm_scale * q.k / cap); cap <= 0 means no cap.
+ */
+#pragma once
+
+#include "flashgen/variant.cuh"
+
+template <typename ParamsT_>
+struct LogitsSoftCap : AttentionVariantBase<ParamsT_> {
+  using ParamsT = ParamsT_;
+  static constexpr bool use_softmax = true;
+
+  float q_scale;    // sm_scale / cap, so that the logit reaching tanh is already divided by cap
+  float cap_log2e;  // cap * log2(e), or 0 when there is no cap
+
+  __device__ __host__ LogitsSoftCap(const ParamsT& params, uint32_t /*batch_idx*/,
+                                    uint8_t* /*smem_ptr*/) {
+    const float cap = params.logits_soft_cap;
+    q_scale = cap > 0.f ? params.sm_scale / cap : params.sm_scale * math::log2e;
+    cap_log2e = cap > 0.f ? cap * math::log2e : 0.f;
+  }
+
+  template <typename T>
+  __device__ __forceinline__ T QueryTransform(const ParamsT&, T q) {
+    return q * q_scale;
+  }
+
+  template <typename T>
+  __device__ __forceinline__ T LogitsTransform(const ParamsT&, T logits, uint32_t, uint32_t,
+                                               uint32_t, uint32_t, uint32_t) {
+    return cap_log2e > 0.f ? cap_log2e * math::tanh(logits) : logits;
+  }
+};

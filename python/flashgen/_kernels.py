@@ -1,0 +1,170 @@
+"""ctypes mirror of include/flashgen/abi.h: binds one kernel module's entry points (stdlib only).
+
+A ``KernelLibrary`` wraps one instance ``.so``. Each entry point the library exports is bound once
+with exact argument types; every pointer (``const void*``, ``float*``, ``int32_t*``, the stream)
+is declared ``c_void_p`` so callers pass plain ints (``tensor.data_ptr()``), the cheapest
+conversion ctypes has. A nonzero status raises ``FlashgenError`` carrying
+``flashgen_last_error()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_char_p, c_float, c_int, c_int64, c_void_p
+from typing import Callable, Dict, Sequence, Tuple
+
+ABI_VERSION = 1
+
+OK = 0
+INVALID_ARGUMENT = 1
+NO_INSTANCE = 2
+WORKSPACE_TOO_SMALL = 3
+CUDA_ERROR = 4
+STATUS_NAMES = {
+    OK: "OK",
+    INVALID_ARGUMENT: "INVALID_ARGUMENT",
+    NO_INSTANCE: "NO_INSTANCE",
+    WORKSPACE_TOO_SMALL: "WORKSPACE_TOO_SMALL",
+    CUDA_ERROR: "CUDA_ERROR",
+}
+
+_P, _I, _F = c_void_p, c_int64, c_float
+_I64P = ctypes.POINTER(c_int64)
+
+# name -> (restype, argtypes), in the order of abi.h.
+SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
+    "flashgen_last_error": (c_char_p, ()),
+    "flashgen_abi_version": (c_int, ()),
+    "flashgen_single_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
+    # q k v o lse | num_qo_heads num_kv_heads kv_len head_dim q_stride_h k_stride_n k_stride_h
+    # v_stride_n v_stride_h o_stride_h dtype_code variant_code | sm_scale additional_params
+    # workspace workspace_bytes stream
+    "flashgen_single_decode": (c_int, (_P,) * 5 + (_I,) * 12 + (_F, _P, _P, _I, _P)),
+    "flashgen_single_decode_query": (c_int, (_P, _I, c_char_p, _I)),
+    "flashgen_batch_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
+    # q paged_kv o lse kv_indptr kv_indices kv_last_page_len | batch_size num_qo_heads
+    # num_kv_heads head_dim page_size q_stride_b q_stride_h kv_stride_page kv_stride_kv
+    # kv_stride_n kv_stride_h o_stride_b o_stride_h dtype_code variant_code | sm_scale
+    # additional_params workspace workspace_bytes stream
+    "flashgen_batch_decode": (c_int, (_P,) * 7 + (_I,) * 15 + (_F, _P, _P, _I, _P)),
+    "flashgen_batch_decode_query": (c_int, (_P, _I, c_char_p, _I)),
+}
+
+# C type names of variant parameters (variants.json) -> ctypes, for additional_params structs.
+PARAM_CTYPES = {
+    "float": c_float,
+    "double": ctypes.c_double,
+    "int32_t": ctypes.c_int32,
+    "int64_t": c_int64,
+    "uint32_t": ctypes.c_uint32,
+    "int": c_int,
+    "bool": ctypes.c_bool,
+    "const float*": c_void_p,
+    "float*": c_void_p,
+    "const int32_t*": c_void_p,
+    "void*": c_void_p,
+}
+
+
+class FlashgenError(RuntimeError):
+    """A nonzero status from an entry point, with the module's last error message."""
+
+    def __init__(self, status: int, entry: str, message: str, path: str = "") -> None:
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, f"status {status}")
+        self.entry = entry
+        self.message = message
+        self.path = path
+        where = f" ({path})" if path else ""
+        super().__init__(f"{entry}: {self.status_name}: {message}{where}")
+
+
+def params_struct(name: str, params: Sequence[dict]) -> type:
+    """A ctypes Structure laid out like ADDITIONAL_PARAMS_DECL for `params` [{"name","type"}]."""
+    fields = []
+    for p in params:
+        try:
+            fields.append((p["name"], PARAM_CTYPES[p["type"]]))
+        except KeyError:
+            raise ValueError(f"variant {name!r}: no ctypes mirror for C type {p['type']!r}") from None
+    return type(f"{name}_params", (ctypes.Structure,), {"_fields_": fields})
+
+
+class KernelLibrary:
+    """One loaded instance `.so`; methods exist for the entry points it exports."""
+
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        self._lib = ctypes.CDLL(self.path)
+        self._fns: Dict[str, Callable] = {}
+        for name, (restype, argtypes) in SIGNATURES.items():
+            try:
+                fn = getattr(self._lib, name)
+            except AttributeError:
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+            self._fns[name] = fn
+        if "flashgen_last_error" not in self._fns:
+            raise OSError(f"{self.path}: not a flashgen module (no flashgen_last_error)")
+        self._last_error = self._fns["flashgen_last_error"]
+        version = self._fns["flashgen_abi_version"]()
+        if version != ABI_VERSION:
+            raise OSError(f"{self.path}: ABI version {version}, this package speaks {ABI_VERSION}")
+        # Hot entry points as checked callables taking the C arguments positionally.
+        for name in ("flashgen_single_decode", "flashgen_batch_decode"):
+            if name in self._fns:
+                setattr(self, name[len("flashgen_"):], self._checked(self._fns[name], name))
+
+    @property
+    def entry_points(self) -> frozenset:
+        return frozenset(self._fns)
+
+    def has(self, name: str) -> bool:
+        return name in self._fns or f"flashgen_{name}" in self._fns
+
+    def last_error(self) -> str:
+        return self._last_error().decode("utf-8", "replace")
+
+    def _raise(self, status: int, entry: str) -> None:
+        raise FlashgenError(status, entry, self.last_error(), self.path)
+
+    def _checked(self, fn: Callable, entry: str) -> Callable:
+        raise_ = self._raise
+
+        def call(*args):
+            status = fn(*args)
+            if status:
+                raise_(status, entry)
+
+        call.__name__ = entry
+        return call
+
+    def _fn(self, name: str) -> Callable:
+        try:
+            return self._fns[name]
+        except KeyError:
+            raise AttributeError(f"{self.path} does not export {name}") from None
+
+    def workspace_size(self, module: str, *shape: int) -> int:
+        """`flashgen_<module>_workspace_size(*shape, &bytes)` -> bytes."""
+        name = f"flashgen_{module}_workspace_size"
+        out = c_int64(0)
+        status = self._fn(name)(*shape, ctypes.byref(out))
+        if status:
+            self._raise(status, name)
+        return out.value
+
+    def query(self, module: str, codes: Sequence[int]) -> str:
+        """`flashgen_<module>_query`: the instantiation `codes` reach, as `axis=value ...`."""
+        name = f"flashgen_{module}_query"
+        arr = (c_int64 * len(codes))(*codes)
+        buf = ctypes.create_string_buffer(512)
+        status = self._fn(name)(ctypes.addressof(arr), len(codes), buf, len(buf))
+        if status:
+            self._raise(status, name)
+        return buf.value.decode()
+
+
+def load(path: str) -> KernelLibrary:
+    return KernelLibrary(path)

@@ -1,0 +1,401 @@
+"""GPU correctness of single_decode and batch_decode against a plain PyTorch fp32 reference.
+
+Instances come from a folder of `.so` files with a manifest.json (`flashgen build --out DIR`),
+named by FLASHGEN_TEST_SO_DIR, and are called through flashgen._kernels. The case matrix
+(`single_cases`, `batch_cases`), the data builders and the reference (`reference_decode`) are
+plain functions so the same cases can run through the public API later.
+
+Tolerances (see `check`): per query head, the relative L2 error of the output and the absolute
+error of the natural-log LSE. The kernels round the transformed query and the softmax weights to
+the input dtype (as every tensor-core attention does), so the errors scale with that dtype's unit
+roundoff u (2^-8 bf16, 2^-10 f16, as bf16 keeps 8 mantissa bits and f16 10 with rounding):
+  output:  ||o - ref|| / ||ref|| <= 2.5 u per head         (bf16 1.0e-2, f16 2.4e-3)
+  LSE:     |lse - ref| <= 4 u / sqrt(n_eff) + 2e-5          (n_eff = 1 / sum p^2 per head)
+The LSE bound shrinks with the number of tokens that carry weight, so one dropped 16-token tile
+at 32k tokens (an LSE shift of ln(1 - 16/32768) = -4.9e-4) fails it, as does a wrong scale.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import random
+import zlib
+from functools import lru_cache
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from flashgen._kernels import FlashgenError, KernelLibrary, params_struct  # noqa: E402
+
+SO_DIR = os.environ.get("FLASHGEN_TEST_SO_DIR")
+if not SO_DIR:
+    pytest.skip("FLASHGEN_TEST_SO_DIR is not set (run `flashgen build --out DIR` and point it "
+                "there)", allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MATRIX = json.load(open(os.path.join(ROOT, "variants.json")))
+VARIANTS = ["default", "soft_cap", "sliding_window", "alibi", "sigmoid"]
+CUSTOM = "flash_sigmoid"  # the RFC's FlashSigmoid, renamed: tests/python/custom_variants/
+CUSTOM_PARAMS = [{"name": "logits_scale", "type": "float"},
+                 {"name": "sigmoid_bias", "type": "float"}]
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+UNIT_ROUNDOFF = {"f16": 2.0 ** -10, "bf16": 2.0 ** -8}
+
+# ---------------------------------------------------------------- case matrix (plain functions)
+
+SINGLE_LENS = [1, 7, 16, 33, 129, 1000, 4097, 32749]
+SINGLE_LENS_SHORT = [1, 33, 1000, 32768]
+
+
+def single_cases():
+    """Dicts of (variant, dtype, head_dim, group, kv_len, layout, num_kv_heads)."""
+    cases = []
+    for dtype in DTYPES:
+        for head_dim in (64, 128, 256):
+            for variant in VARIANTS:
+                full = variant == "default" or head_dim == 128
+                for group in (1, 4, 8):
+                    for layout in ("NHD", "HND"):
+                        lens = SINGLE_LENS if variant == "default" else SINGLE_LENS_SHORT
+                        if not full:
+                            if group != 4 or layout != "NHD":
+                                continue
+                            lens = [1000]
+                        for kv_len in lens:
+                            cases.append(dict(variant=variant, dtype=dtype, head_dim=head_dim,
+                                              group=group, kv_len=kv_len, layout=layout,
+                                              num_kv_heads=2))
+    return cases
+
+
+BATCH_LENS = [[1], [5, 1, 16, 17, 300, 31, 1000, 2], [4097, 15, 33, 1], [32768, 3, 511]]
+
+
+def batch_cases():
+    """Dicts of (variant, dtype, head_dim, page_size, group, lens, layout, num_kv_heads)."""
+    cases = []
+    for dtype in DTYPES:
+        for head_dim in (64, 128, 256):
+            for page_size in (1, 16):
+                for variant in VARIANTS:
+                    full = variant == "default" or (head_dim == 128 and page_size == 16)
+                    for group in (1, 4, 8):
+                        for layout in ("NHD", "HND"):
+                            for lens in BATCH_LENS:
+                                if not full and (group != 4 or layout != "NHD" or
+                                                 lens is not BATCH_LENS[1]):
+                                    continue
+                                cases.append(dict(variant=variant, dtype=dtype,
+                                                  head_dim=head_dim, page_size=page_size,
+                                                  group=group, lens=lens, layout=layout,
+                                                  num_kv_heads=2))
+    return cases
+
+
+def case_id(case):
+    lens = case.get("lens", case.get("kv_len"))
+    return "-".join(str(case[k]) for k in ("variant", "dtype", "head_dim") if k in case) + (
+        f"-ps{case['page_size']}" if "page_size" in case else "") + (
+        f"-g{case['group']}-{case['layout']}-{lens}".replace(" ", ""))
+
+
+def variant_params(variant, kv_len, num_qo_heads, device, rng):
+    """Additional params per variant, drawn so that each one visibly changes the output."""
+    if variant == "soft_cap":
+        return {"logits_soft_cap": rng.choice([1.5, 4.0])}
+    if variant == "sliding_window":
+        return {"window_left": rng.choice([-1, 0, 15, max(1, kv_len // 3)])}
+    if variant == "alibi":
+        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / num_qo_heads) for i in range(num_qo_heads)],
+                              dtype=torch.float32, device=device)
+        return {"alibi_slopes": slopes}
+    if variant == "sigmoid":
+        return {"sigmoid_bias": rng.choice([-2.0, 0.5])}
+    if variant == CUSTOM:
+        return {"logits_scale": 0.11, "sigmoid_bias": -1.0}
+    return {}
+
+
+# ---------------------------------------------------------------- reference (plain PyTorch fp32)
+
+def reference_decode(q, k, v, variant, sm_scale, params):
+    """One request. q [H, D]; k, v [N, Hkv, D] -> (out [H, D], lse [H], n_eff [H]), fp32."""
+    q, k, v = q.float(), k.float(), v.float()
+    num_heads, n = q.shape[0], k.shape[0]
+    group = num_heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("hd,nhd->hn", q, k)
+    q_pos = n - 1
+    kv_pos = torch.arange(n, device=q.device, dtype=torch.float32)
+    if variant in ("sigmoid", CUSTOM):
+        scale = params["logits_scale"] if variant == CUSTOM else sm_scale
+        w = torch.sigmoid(s * scale + params["sigmoid_bias"])
+        out = torch.einsum("hn,nhd->hd", w, v)
+        total = w.sum(-1)
+        return out, torch.log(total), total ** 2 / (w ** 2).sum(-1)
+    logits = s * sm_scale
+    if variant == "soft_cap":
+        cap = params["logits_soft_cap"]
+        logits = cap * torch.tanh(logits / cap)
+    elif variant == "alibi":
+        logits = logits + params["alibi_slopes"][:, None] * (kv_pos - q_pos)[None, :]
+    elif variant == "sliding_window" and params["window_left"] >= 0:
+        keep = kv_pos >= q_pos - params["window_left"]
+        logits = logits.masked_fill(~keep[None, :], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - lse[:, None])
+    return torch.einsum("hn,nhd->hd", p, v), lse, 1.0 / (p ** 2).sum(-1)
+
+
+def check(out, lse, ref_out, ref_lse, n_eff, dtype, what):
+    """Asserts the per-head tolerances stated in the module docstring."""
+    u = UNIT_ROUNDOFF[dtype]
+    out, lse = out.float(), lse.float()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output (unwritten or NaN)"
+    assert torch.isfinite(lse).all(), f"{what}: non-finite lse"
+    err = (out - ref_out).norm(dim=-1) / ref_out.norm(dim=-1).clamp_min(1e-30)
+    assert err.max().item() <= 2.5 * u, f"{what}: output rel L2 {err.max().item():.3e} > {2.5 * u:.3e}"
+    lse_tol = 4 * u / n_eff.sqrt() + 2e-5
+    lse_err = (lse - ref_lse).abs()
+    worst = (lse_err / lse_tol).argmax()
+    assert (lse_err <= lse_tol).all(), (
+        f"{what}: lse error {lse_err[worst].item():.3e} > {lse_tol[worst].item():.3e} "
+        f"(n_eff {n_eff[worst].item():.1f})")
+    return err.max().item(), lse_err.max().item()
+
+
+# ---------------------------------------------------------------- instances and calls
+
+@lru_cache(maxsize=None)
+def manifest():
+    path = os.path.join(SO_DIR, "manifest.json")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} missing: build instances with `flashgen build --out {SO_DIR}`")
+    return json.load(open(path))
+
+
+@lru_cache(maxsize=None)
+def instance(module, **params):
+    """(KernelLibrary, codes) of the instance with these axis values, or skip."""
+    for inst in manifest()["instances"]:
+        if inst["module"] == module and inst["params"] == params:
+            return KernelLibrary(os.path.join(SO_DIR, inst["path"])), inst["codes"]
+    pytest.skip(f"no {module} instance {params} in {SO_DIR}")
+
+
+def find_instance(module, **params):
+    return instance(module, **params)
+
+
+@lru_cache(maxsize=None)
+def _struct(variant):
+    if variant == CUSTOM:
+        return params_struct(variant, CUSTOM_PARAMS)
+    return params_struct(variant, MATRIX["variants"][variant]["params"])
+
+
+def pack_params(variant, params):
+    """(ctypes struct or None, keepalive). Tensors go in as device pointers."""
+    fields = _struct(variant)._fields_
+    if not fields:
+        return None
+    values = {k: (v.data_ptr() if torch.is_tensor(v) else v) for k, v in params.items()}
+    return _struct(variant)(**values)
+
+
+def _ptr(struct):
+    return ctypes.addressof(struct) if struct is not None else None
+
+
+def run_single(lib, codes, q, k, v, layout, variant, sm_scale, params, with_lse=True):
+    """Calls flashgen_single_decode; k, v in NHD [N, Hkv, D] or HND [Hkv, N, D]."""
+    num_heads, head_dim = q.shape
+    if layout == "NHD":
+        kv_len, num_kv_heads = k.shape[0], k.shape[1]
+        ksn, ksh, vsn, vsh = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
+    else:
+        num_kv_heads, kv_len = k.shape[0], k.shape[1]
+        ksn, ksh, vsn, vsh = k.stride(1), k.stride(0), v.stride(1), v.stride(0)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((num_heads,), float("nan"), device=q.device) if with_lse else None
+    ws_bytes = lib.workspace_size("single_decode", num_heads, num_kv_heads, kv_len, head_dim)
+    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
+    st = pack_params(variant, params)
+    lib.single_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                      lse.data_ptr() if lse is not None else None, num_heads, num_kv_heads,
+                      kv_len, head_dim, q.stride(0), ksn, ksh, vsn, vsh, o.stride(0),
+                      codes["dtype"], codes["variant"], sm_scale, _ptr(st), ws.data_ptr(),
+                      ws_bytes, torch.cuda.current_stream().cuda_stream)
+    return o, lse
+
+
+def make_paged(lens, page_size, num_kv_heads, head_dim, layout, dtype, device, gen):
+    """Random shuffled pages for `lens`: (paged_kv, indptr, indices, last, per-request (k, v))."""
+    npages = [-(-n // page_size) for n in lens]
+    total = sum(npages) + 3  # a few pages nobody uses
+    if layout == "NHD":
+        shape = (total, 2, page_size, num_kv_heads, head_dim)
+    else:
+        shape = (total, 2, num_kv_heads, page_size, head_dim)
+    paged = torch.randn(shape, generator=gen, device=device).to(dtype)
+    perm = torch.randperm(total, generator=gen, device=device)[: sum(npages)].to(torch.int32)
+    indptr = torch.tensor([0] + list(torch.tensor(npages).cumsum(0).tolist()),
+                          dtype=torch.int32, device=device)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, npages)],
+                        dtype=torch.int32, device=device)
+    per_request = []
+    for b, n in enumerate(lens):
+        pages = perm[indptr[b]:indptr[b + 1]].long()
+        kv = paged[pages]  # [np, 2, ...]
+        if layout == "HND":
+            kv = kv.transpose(2, 3)  # -> [np, 2, ps, Hkv, D]
+        kv = kv.transpose(0, 1).reshape(2, -1, num_kv_heads, head_dim)[:, :n]
+        per_request.append((kv[0], kv[1]))
+    return paged, indptr, perm, last, per_request
+
+
+def run_batch(lib, codes, q, paged, indptr, indices, last, page_size, layout, variant, sm_scale,
+              params, with_lse=True):
+    batch, num_heads, head_dim = q.shape
+    if layout == "NHD":
+        num_kv_heads = paged.shape[3]
+        s_n, s_h = paged.stride(2), paged.stride(3)
+    else:
+        num_kv_heads = paged.shape[2]
+        s_n, s_h = paged.stride(3), paged.stride(2)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, num_heads), float("nan"), device=q.device) if with_lse else None
+    ws_bytes = lib.workspace_size("batch_decode", batch, num_heads, num_kv_heads, head_dim)
+    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
+    st = pack_params(variant, params)
+    lib.batch_decode(q.data_ptr(), paged.data_ptr(), o.data_ptr(),
+                     lse.data_ptr() if lse is not None else None, indptr.data_ptr(),
+                     indices.data_ptr(), last.data_ptr(), batch, num_heads, num_kv_heads,
+                     head_dim, page_size, q.stride(0), q.stride(1), paged.stride(0),
+                     paged.stride(1), s_n, s_h, o.stride(0), o.stride(1), codes["dtype"],
+                     codes["variant"], sm_scale, _ptr(st), ws.data_ptr(), ws_bytes,
+                     torch.cuda.current_stream().cuda_stream)
+    return o, lse
+
+
+# ---------------------------------------------------------------- tests
+
+def _seed(case):
+    return zlib.crc32(case_id(case).encode())
+
+
+@pytest.mark.parametrize("case", single_cases(), ids=case_id)
+def test_single_decode(case):
+    lib, codes = find_instance("single_decode", dtype=case["dtype"], head_dim=case["head_dim"],
+                               variant=case["variant"])
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(_seed(case))
+    rng = random.Random(_seed(case))
+    dtype, d, hkv = DTYPES[case["dtype"]], case["head_dim"], case["num_kv_heads"]
+    h, n = hkv * case["group"], case["kv_len"]
+    q = torch.randn(h, d, generator=gen, device=dev).to(dtype)
+    k = torch.randn(n, hkv, d, generator=gen, device=dev).to(dtype)
+    v = torch.randn(n, hkv, d, generator=gen, device=dev).to(dtype)
+    params = variant_params(case["variant"], n, h, dev, rng)
+    sm_scale = 1.0 / math.sqrt(d)
+    if case["layout"] == "HND":
+        kk, vv = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    else:
+        kk, vv = k, v
+    o, lse = run_single(lib, codes, q, kk, vv, case["layout"], case["variant"], sm_scale, params)
+    ref_o, ref_lse, n_eff = reference_decode(q, k, v, case["variant"], sm_scale, params)
+    check(o, lse, ref_o, ref_lse, n_eff, case["dtype"], case_id(case))
+
+
+@pytest.mark.parametrize("case", batch_cases(), ids=case_id)
+def test_batch_decode(case):
+    lib, codes = find_instance("batch_decode", dtype=case["dtype"], head_dim=case["head_dim"],
+                               page_size=case["page_size"], variant=case["variant"])
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(_seed(case))
+    rng = random.Random(_seed(case))
+    dtype, d, hkv = DTYPES[case["dtype"]], case["head_dim"], case["num_kv_heads"]
+    h, lens = hkv * case["group"], case["lens"]
+    paged, indptr, indices, last, per_req = make_paged(lens, case["page_size"], hkv, d,
+                                                      case["layout"], dtype, dev, gen)
+    # q rows strided (a sliced [B, H, 2D] buffer) to exercise q_stride_b.
+    q = torch.randn(len(lens), h, 2 * d, generator=gen, device=dev).to(dtype)[:, :, :d]
+    params = variant_params(case["variant"], min(lens), h, dev, rng)
+    sm_scale = 1.0 / math.sqrt(d)
+    o, lse = run_batch(lib, codes, q, paged, indptr, indices, last, case["page_size"],
+                       case["layout"], case["variant"], sm_scale, params)
+    for b, (k, v) in enumerate(per_req):
+        ref_o, ref_lse, n_eff = reference_decode(q[b], k, v, case["variant"], sm_scale, params)
+        check(o[b], lse[b], ref_o, ref_lse, n_eff, case["dtype"], f"{case_id(case)} request {b}")
+
+
+@pytest.mark.parametrize("module", ["single_decode", "batch_decode"])
+def test_custom_variant_rfc_flash_sigmoid(module):
+    """The RFC's FlashSigmoid, unchanged but for its name, built through the same path."""
+    extra = {"page_size": 16} if module == "batch_decode" else {}
+    lib, codes = find_instance(module, dtype="bf16", head_dim=128, variant=CUSTOM, **extra)
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(7)
+    params = variant_params(CUSTOM, 0, 0, dev, random)
+    hkv, h, d = 2, 8, 128
+    for n in (1, 77, 5000):
+        k = torch.randn(n, hkv, d, generator=gen, device=dev).to(torch.bfloat16)
+        v = torch.randn(n, hkv, d, generator=gen, device=dev).to(torch.bfloat16)
+        q = torch.randn(h, d, generator=gen, device=dev).to(torch.bfloat16)
+        if module == "single_decode":
+            o, lse = run_single(lib, codes, q, k, v, "NHD", CUSTOM, 0.5, params)
+        else:
+            npg = -(-n // 16)
+            paged = torch.zeros(npg, 2, 16, hkv, d, dtype=torch.bfloat16, device=dev)
+            for j, t in enumerate((k, v)):
+                padded = torch.zeros(npg * 16, hkv, d, dtype=torch.bfloat16, device=dev)
+                padded[:n] = t
+                paged[:, j] = padded.view(npg, 16, hkv, d)
+            indptr = torch.tensor([0, npg], dtype=torch.int32, device=dev)
+            indices = torch.arange(npg, dtype=torch.int32, device=dev)
+            last = torch.tensor([n - (npg - 1) * 16], dtype=torch.int32, device=dev)
+            o, lse = run_batch(lib, codes, q[None], paged, indptr, indices, last, 16, "NHD",
+                               CUSTOM, 0.5, params)
+            o, lse = o[0], lse[0]
+        ref_o, ref_lse, n_eff = reference_decode(q, k, v, CUSTOM, 0.5, params)
+        check(o, lse, ref_o, ref_lse, n_eff, "bf16", f"{module} {CUSTOM} n={n}")
+
+
+def test_errors_are_statuses_not_crashes():
+    lib, codes = find_instance("single_decode", dtype="bf16", head_dim=128, variant="default")
+    dev = torch.device("cuda")
+    q = torch.randn(8, 128, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(100, 2, 128, device=dev, dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call(**kw):
+        a = dict(q=q.data_ptr(), k=k.data_ptr(), v=k.data_ptr(), o=o.data_ptr(), lse=None,
+                 hq=8, hkv=2, n=60, d=128, qs=128, ksn=256, ksh=128, vsn=256, vsh=128, os=128,
+                 dt=codes["dtype"], var=codes["variant"], scale=0.1, ap=None, ws=None, wsb=0,
+                 stream=stream)
+        a.update(kw)
+        lib.single_decode(*a.values())
+
+    for kw, status in [(dict(hkv=3), 1), (dict(n=0), 1), (dict(k=None), 1),
+                       (dict(k=k.data_ptr() + 2), 1), (dict(ksn=250), 1),
+                       (dict(dt=codes["dtype"] ^ 1), 2), (dict(d=96), 2), (dict(var=99), 2),
+                       (dict(n=100000), 3)]:
+        with pytest.raises(FlashgenError) as e:
+            call(**kw)
+        assert e.value.status == status, (kw, e.value)
+        assert e.value.message, kw
+    call()  # still works after the failures
+    torch.cuda.synchronize()
+    q_codes = [codes["dtype"], 128, codes["variant"]]
+    assert lib.query("single_decode", q_codes) == "dtype=bf16 head_dim=128 variant=default"
+    with pytest.raises(FlashgenError) as e:
+        lib.query("single_decode", [codes["dtype"], 64, codes["variant"]])
+    assert e.value.status == 2
