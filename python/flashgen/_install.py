@@ -65,8 +65,13 @@ def binary() -> Path:
     looked: list[str] = []
     bundled = PACKAGE_DIR / "_bin" / "flashgen"
     looked.append(str(bundled))
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return bundled
+    if bundled.is_file():
+        if os.access(bundled, os.X_OK):
+            return bundled
+        raise FlashgenError(
+            f"the bundled flashgen binary {bundled} is not executable (the wheel lost its mode "
+            f"bits).\n\nRun `chmod +x {bundled}`, reinstall the wheel, or set FLASHGEN_BIN."
+        )
     on_path = shutil.which("flashgen")
     looked.append("flashgen on PATH")
     if on_path:

@@ -188,7 +188,6 @@ def test_stale_build_folders_are_cleared_under_the_lock(tmp_path: Path) -> None:
 
 # ---- variants and their parameters ---------------------------------------------------------------
 
-FLASH_SIGMOID = Path(__file__).with_name("flash_sigmoid.cuh")
 
 
 def test_variant_finds_its_struct() -> None:
@@ -368,3 +367,236 @@ def test_import_is_stdlib_only() -> None:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'cupy'));"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code, str(Path(flashgen.__file__).parents[1])], check=True)
+
+
+# ---- against an installed wheel and the pinned nvcc (fresh interpreters) -------------------------
+
+PRELUDE = r"""
+import hashlib, json, subprocess, sys
+from flashgen import _loader
+
+def no_spawn(*a, **k):
+    raise AssertionError(f"the warm path spawned a process: {a!r}")
+
+def report(loaded):
+    data = open(loaded.path, "rb").read()
+    print(json.dumps({"uri": loaded.uri, "source": loaded.source, "path": str(loaded.path),
+                      "seconds": loaded.seconds, "codes": loaded.codes,
+                      "sha256": hashlib.sha256(data).hexdigest()}), flush=True)
+"""
+
+
+def _arch_env(manifest: dict[str, Any]) -> str:
+    """The manifest's archs (sm_90a) in the --arch spelling (9.0a)."""
+    return " ".join(f"{a.major}.{a.minor}{a.suffix}" for a in _arch.parse_arch_list(manifest["archs"]) if not a.ptx)
+
+
+def _aot_instance(manifest: dict[str, Any]) -> dict[str, Any]:
+    return next(i for i in manifest["instances"] if i["module"] == "single_decode")
+
+
+def _missing_instance(installed: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A single_decode instance the wheel does not precompile (f16, head_dim 64 if possible)."""
+    shipped = {i["uri"] for i in manifest["instances"]}
+    matrix = json.loads((installed / "flashgen" / "_data" / "matrix.json").read_text())
+    candidates = [i for i in matrix["instances"] if i["module"] == "single_decode" and i["uri"] not in shipped]
+    if not candidates:
+        pytest.skip("the wheel under test precompiles every single_decode instance")
+    candidates.sort(key=lambda i: (i["params"]["variant"] != "default", i["params"]["head_dim"] != 64))
+    return candidates[0]
+
+
+def _load_snippet(module: str, params: dict[str, Any], *, warm: bool = False, extra: str = "") -> str:
+    code = PRELUDE
+    if warm:
+        code += "subprocess.Popen = no_spawn\n"
+    code += extra
+    code += f"report(_loader.load({module!r}, {params!r}))\n"
+    return code
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_aot_hit_is_verified_and_spawns_nothing(run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any]) -> None:
+    inst = _aot_instance(wheel_manifest)
+    extra = ("import ctypes\n" "")
+    proc = run_py(_load_snippet(inst["module"], inst["params"], warm=True, extra=extra) +
+                  "lib = ctypes.CDLL(str(_loader.load(%r, %r).path)); print(lib.flashgen_abi_version())\n"
+                  % (inst["module"], inst["params"]),
+                  FLASHGEN_CUDA_ARCH_LIST=_arch_env(wheel_manifest))
+    got = json.loads(proc.stdout.splitlines()[0])
+    assert got["source"] == "aot" and got["uri"] == inst["uri"]
+    assert Path(got["path"]) == installed / "flashgen" / "_aot" / inst["path"]
+    assert got["sha256"] == inst["sha256"] and got["codes"] == inst["codes"]
+    assert proc.stdout.splitlines()[1] == "1", "the .so loads without a GPU and reports ABI version 1"
+
+
+def test_aot_skipped_when_its_archs_cannot_run(run_py: RunPy, wheel_manifest: dict[str, Any]) -> None:
+    inst = _aot_instance(wheel_manifest)
+    proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False,
+                  FLASHGEN_CUDA_ARCH_LIST="7.5", FLASHGEN_DISABLE_JIT="1")
+    assert proc.returncode != 0
+    assert "JITDisabledError" in proc.stderr and inst["uri"] in proc.stderr
+    assert "precompiles it only for" in proc.stderr and "--arch 7.5" in proc.stderr
+
+
+def test_tampered_aot_file_is_refused(run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "site"
+    shutil.copytree(installed, copy)
+    inst = _aot_instance(wheel_manifest)
+    so = copy / "flashgen" / "_aot" / inst["path"]
+    data = bytearray(so.read_bytes())
+    data[-100] ^= 0xFF
+    so.write_bytes(bytes(data))
+    proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False, PYTHONPATH=str(copy),
+                  FLASHGEN_CUDA_ARCH_LIST=_arch_env(wheel_manifest))
+    assert proc.returncode != 0 and "does not match the sha256" in proc.stderr
+    assert "Reinstall the flashgen wheel" in proc.stderr
+
+
+def test_jit_miss_then_cache_hit_then_corruption_rebuilt(run_py: RunPy, installed: Path,
+                                                         wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    inst = _missing_instance(installed, wheel_manifest)
+    env = {"FLASHGEN_CUDA_ARCH_LIST": "9.0a"}
+    cold = _result(run_py(_load_snippet("single_decode", inst["params"]), **env))
+    assert cold["source"] == "jit" and cold["uri"] == inst["uri"] and cold["codes"] == inst["codes"]
+    entry_dir = tmp_path / "cache" / json.loads((installed / "flashgen/_data/matrix.json").read_text())["flashgen_version"] / "sm_90a"
+    so, meta = entry_dir / f"{inst['uri']}.so", entry_dir / f"{inst['uri']}.json"
+    assert Path(cold["path"]) == so and json.loads(meta.read_text())["sha256"] == cold["sha256"]
+    assert not list((entry_dir / ".tmp").iterdir()), "the build folder is removed after install"
+
+    warm = _result(run_py(_load_snippet("single_decode", inst["params"], warm=True), **env))
+    assert warm["source"] == "cache" and warm["sha256"] == cold["sha256"]
+    assert warm["seconds"] < 1.0, f"warm load took {warm['seconds']:.3f} s"
+
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    again = _result(run_py(_load_snippet("single_decode", inst["params"]), **env))
+    assert again["source"] == "jit" and again["sha256"] == cold["sha256"], "a corrupted entry is rebuilt, never loaded"
+
+    other = dict(inst["params"], dtype="bf16" if inst["params"]["dtype"] == "f16" else "f16")
+    if flashgen_uri_shipped(wheel_manifest, other):
+        return
+    proc = run_py(_load_snippet("single_decode", other), check=False, FLASHGEN_DISABLE_JIT="1", **env)
+    assert proc.returncode != 0
+    msg = proc.stderr
+    assert "JITDisabledError" in msg and "FLASHGEN_DISABLE_JIT=1 forbids compiling it" in msg
+    assert "Unset FLASHGEN_DISABLE_JIT" in msg
+    where = " ".join(f"--where {k}={v}" for k, v in other.items())
+    assert f"flashgen build-wheel --arch 9.0a --module single_decode {where}" in msg
+
+
+def flashgen_uri_shipped(manifest: dict[str, Any], params: dict[str, Any]) -> bool:
+    return any(i["module"] == "single_decode" and i["params"] == params for i in manifest["instances"])
+
+
+def test_eight_processes_race_for_one_instance(run_py: RunPy, installed: Path, build_env: dict[str, str],
+                                               wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    inst = _missing_instance(installed, wheel_manifest)
+    go = tmp_path / "go"
+    code = (
+        "import os, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
+        + _load_snippet("single_decode", inst["params"])
+    )
+    env = dict(build_env, PYTHONPATH=str(installed), FLASHGEN_CACHE_DIR=str(tmp_path / "cache"),
+               FLASHGEN_CUDA_ARCH_LIST="9.0a")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    time.sleep(1.0)  # let all eight start and wait at the line
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    sources = sorted(r["source"] for r in results)
+    assert sources == ["cache"] * 7 + ["jit"], sources
+    assert len({r["sha256"] for r in results}) == 1
+    entry_dir = Path(results[0]["path"]).parent
+    leftovers = [p.name for p in entry_dir.iterdir() if p.name.endswith(".part")]
+    leftovers += [p.name for p in (entry_dir / ".tmp").iterdir()]
+    assert not leftovers, leftovers
+
+
+def test_compile_killed_midway_leaves_nothing_that_blocks_or_poisons(
+        run_py: RunPy, installed: Path, build_env: dict[str, str], nvcc: Path,
+        wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    inst = _missing_instance(installed, wheel_manifest)
+    marker = tmp_path / "nvcc-started"
+    slow_nvcc = tmp_path / "nvcc"
+    # An nvcc that says when the real compile (the one with -o) starts, then is the real nvcc.
+    slow_nvcc.write_text(
+        "#!/bin/sh\n"
+        f"case \" $* \" in *' -o '*) touch {str(marker)!r};; esac\n"
+        f"exec {str(nvcc)!r} \"$@\"\n"
+    )
+    slow_nvcc.chmod(0o755)
+    env = dict(build_env, PYTHONPATH=str(installed), FLASHGEN_CACHE_DIR=str(tmp_path / "cache"),
+               FLASHGEN_CUDA_ARCH_LIST="9.0a", FLASHGEN_NVCC=str(slow_nvcc))
+    victim = subprocess.Popen([sys.executable, "-c", _load_snippet("single_decode", inst["params"])],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert victim.poll() is None, victim.communicate()[1]
+            assert time.monotonic() < deadline, "nvcc never started"
+            time.sleep(0.02)
+        time.sleep(0.5)  # nvcc is compiling now
+        assert victim.poll() is None, "the compile finished before it could be killed"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(victim.pid, signal.SIGKILL)  # orphans (nvcc) of the killed process
+        except ProcessLookupError:
+            pass
+    entry_dir = tmp_path / "cache" / "0.1.0"
+    locks = list((tmp_path / "cache").glob("*/sm_90a/.locks/*.lock"))
+    assert locks and all(_flock_free(p) for p in locks), "the dead process's lock is released"
+    assert not list((tmp_path / "cache").glob(f"*/sm_90a/{inst['uri']}.json")), "no entry was published"
+    t0 = time.monotonic()
+    after = _result(run_py(_load_snippet("single_decode", inst["params"]), FLASHGEN_CUDA_ARCH_LIST="9.0a"))
+    assert after["source"] == "jit" and time.monotonic() - t0 < 600
+    entry = Path(after["path"]).parent
+    assert not list((entry / ".tmp").iterdir()), "the dead process's build folder was cleared"
+    assert not [p for p in entry.iterdir() if p.name.endswith(".part")]
+    warm = _result(run_py(_load_snippet("single_decode", inst["params"], warm=True), FLASHGEN_CUDA_ARCH_LIST="9.0a"))
+    assert warm["source"] == "cache" and warm["sha256"] == after["sha256"]
+    del entry_dir
+
+
+def test_custom_variant_compiles_through_the_jit(run_py: RunPy) -> None:
+    from conftest import FLASH_SIGMOID_PARAMS, FLASH_SIGMOID_SOURCE
+
+    code = PRELUDE + (
+        "import flashgen\n"
+        f"v = flashgen.Variant('user_flash_sigmoid', {FLASH_SIGMOID_SOURCE!r}, params={FLASH_SIGMOID_PARAMS!r})\n"
+        "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128}, v))\n"
+    )
+    cold = _result(run_py(code, FLASHGEN_CUDA_ARCH_LIST="9.0a"))
+    assert cold["source"] == "jit" and cold["uri"].endswith("variant_user_flash_sigmoid")
+    assert Path(cold["path"]).name.startswith("single_decode-custom-user_flash_sigmoid-")
+    warm = _result(run_py(code.replace("import flashgen\n", "import flashgen\nsubprocess.Popen = no_spawn\n"),
+                          FLASHGEN_CUDA_ARCH_LIST="9.0a"))
+    assert warm["source"] == "cache" and warm["sha256"] == cold["sha256"]
+    assert warm["codes"]["variant"] == cold["codes"]["variant"]
+    # Another source under the same name is another entry, never the stale one.
+    changed = code.replace("sigmoid_bias_log2e = params.sigmoid_bias", "sigmoid_bias_log2e = 2.f * params.sigmoid_bias")
+    other = _result(run_py(changed, FLASHGEN_CUDA_ARCH_LIST="9.0a"))
+    assert other["source"] == "jit" and other["path"] != cold["path"]
+
+
+def test_jit_build_is_byte_identical_to_the_wheel(run_py: RunPy, wheel_manifest: dict[str, Any]) -> None:
+    """AOT is JIT run ahead of time: the same instance built by the loader into a fresh cache,
+    for the wheel's archs with the same toolchain, has the wheel's exact bytes."""
+    inst = _aot_instance(wheel_manifest)
+    code = PRELUDE + f"report(_loader.load({inst['module']!r}, {inst['params']!r}, prefer_aot=False))\n"
+    got = _result(run_py(code, FLASHGEN_CUDA_ARCH_LIST=_arch_env(wheel_manifest)))
+    assert got["source"] == "jit"
+    assert got["sha256"] == inst["sha256"]
