@@ -13,7 +13,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from . import _cuda, _loader
-from ._errors import KernelError, NoGPUError
+from ._errors import KernelError
 from ._matrix import matrix
 from ._tensor import KDL_CUDA, Framework, Tensor, framework_of
 from ._variant import ParamPacker, Variant
@@ -208,15 +208,24 @@ def check_out(what: str, name: str, t: Tensor, shape: Sequence[int], dtype: str,
         raise ValueError(f"{what}: {name} is on {t.device}, the inputs on cuda:{device}")
 
 
+def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, *shape: int) -> int:
+    """``flashgen_<module>_workspace_size``; a nonzero status raises KernelError."""
+    try:
+        return int(loaded.kernels.workspace_size(module, *shape))
+    except RuntimeError as exc:
+        if getattr(exc, "status", None) is None:
+            raise
+        raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
+
+
 def launch(what: str, loaded: _loader.Loaded, device: int, fn: Callable[..., Any], *args: Any) -> None:
     """Call one entry point with ``device`` current; a nonzero status raises KernelError."""
-    try:
-        pushed = _cuda.push_device(device)
-    except NoGPUError:
-        raise
+    pushed = _cuda.push_device(device)
     try:
         fn(*args)
-    except KernelError as exc:
+    except RuntimeError as exc:  # _kernels raises its own error type with the status and message
+        if getattr(exc, "status", None) is None:
+            raise
         raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
     finally:
         if pushed:

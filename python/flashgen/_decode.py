@@ -86,7 +86,7 @@ def single_decode(
     codes = loaded.codes
     stream = fw.stream(device)
 
-    ws_bytes = kern.single_decode_workspace_size(num_qo_heads, num_kv_heads, kv_len, head_dim)
+    ws_bytes = C.workspace_bytes(what, loaded, "single_decode", num_qo_heads, num_kv_heads, kv_len, head_dim)
     ws_ptr, ws_size = C.WORKSPACES.get(fw, device, stream, ws_bytes, what)
     o = out if out is not None else fw.empty(tq.shape, dtype, device, what)
     to = ts["out"] if out is not None else fw.describe(o, "out")
@@ -180,7 +180,7 @@ def batch_decode(
     codes = loaded.codes
     stream = fw.stream(device)
 
-    ws_bytes = kern.batch_decode_workspace_size(batch, num_qo_heads, num_kv_heads, head_dim)
+    ws_bytes = C.workspace_bytes(what, loaded, "batch_decode", batch, num_qo_heads, num_kv_heads, head_dim)
     ws_ptr, ws_size = C.WORKSPACES.get(fw, device, stream, ws_bytes, what)
     o = out if out is not None else fw.empty(tq.shape, dtype, device, what)
     to = ts["out"] if out is not None else fw.describe(o, "out")

@@ -49,9 +49,16 @@ class Loaded:
     def kernels(self) -> Any:
         """The ctypes binding of this instance's ``.so`` (``_kernels``), created on first use."""
         if self._kernels is None:
-            from ._kernels import KernelModule
+            from ._kernels import KernelLibrary
 
-            self._kernels = KernelModule(str(self.path))
+            try:
+                self._kernels = KernelLibrary(str(self.path))
+            except OSError as exc:
+                raise FlashgenError(
+                    f"{self.uri}: cannot load {self.path} ({self.source}): {exc}"
+                    + ("\n\nDelete it so the JIT rebuilds it." if self.source != "aot" else
+                       "\n\nReinstall the flashgen wheel.")
+                ) from None
         return self._kernels
 
 

@@ -37,7 +37,7 @@ _SCALARS: dict[str, Any] = {
 _POINTEE_DTYPE = {
     "float": "f32", "half": "f16", "__half": "f16", "__nv_bfloat16": "bf16", "int32_t": "i32",
     "int": "i32", "uint32_t": "u32", "int64_t": "i64", "uint8_t": "u8", "int8_t": "i8",
-    "double": "f64",
+    "double": "f64", "void": "any",
 }
 
 _CTYPE = re.compile(r"^\s*(?:const\s+)?([A-Za-z_][\w ]*?)\s*(\*)?\s*(?:const\s*)?$")
@@ -182,7 +182,7 @@ class ParamPacker:
                     raise ValueError(
                         f"{what}: {f.name} is on cuda:{t.device_id}, the other tensors on cuda:{device}"
                     )
-                if t.dtype != f.pointee:
+                if f.pointee != "any" and t.dtype != f.pointee:
                     raise TypeError(f"{what}: {f.name} must be a {f.pointee} tensor, got {t.dtype}")
                 if not t.is_contiguous():
                     raise ValueError(f"{what}: {f.name} must be contiguous")

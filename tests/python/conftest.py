@@ -269,56 +269,15 @@ def fake_matrix(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return FAKE_MATRIX
 
 
+
 # The RFC's FlashSigmoid example (../shared/seeds/rfc-unifying-aot-and-jit-via-c-macros.txt),
-# unchanged apart from its name: a user-written variant the JIT must compile as it stands.
-FLASH_SIGMOID_SOURCE = r"""
-template <typename ParamsT_>
-struct UserFlashSigmoid {
-  using ParamsT = ParamsT_;
-  using DTypeQ = typename ParamsT::DTypeQ;
-  using DTypeKV = typename ParamsT::DTypeKV;
-  using DTypeO = typename ParamsT::DTypeO;
-  using IdType = typename ParamsT::IdType;
-
-  static constexpr bool use_softmax = false;
-
-  uint32_t window_left, qo_len, kv_len;
-  float sigmoid_bias_log2e;
-
-  // Create closure
-  __device__ __host__ UserFlashSigmoid(const ParamsT& params, uint32_t batch_idx, uint8_t* smem_ptr) {
-    qo_len = params.get_qo_len(batch_idx);
-    kv_len = params.get_kv_len(batch_idx);
-    window_left = kv_len;
-    sigmoid_bias_log2e = params.sigmoid_bias * math::log2e;
-  }
-
-  template <typename T>
-  __device__ __forceinline__ T QueryTransform(const ParamsT& params, T q) {
-    return float(q) * params.logits_scale * math::log2e;
-  }
-
-  template <typename T>
-  __device__ __forceinline__ T LogitsTransform(
-      const ParamsT& params,
-      T logits,
-      uint32_t batch_idx,
-      uint32_t qo_idx,
-      uint32_t kv_idx,
-      uint32_t qo_head_idx,
-      uint32_t kv_head_idx) {
-    return math::ptx_rcp(1.f + math::ptx_exp2(-float(logits + sigmoid_bias_log2e)));
-  }
-
-  __device__ __forceinline__ bool LogitsMask(
-      const ParamsT& params,
-      uint32_t batch_idx,
-      uint32_t qo_idx,
-      uint32_t kv_idx,
-      uint32_t qo_head_idx,
-      uint32_t kv_head_idx) {
-    return true;
-  }
-};
-"""
+# unchanged apart from its name, as the kernel tests keep it: a user-written variant the JIT must
+# compile as it stands.
+FLASH_SIGMOID_FILE = Path(__file__).with_name("custom_variants") / "flash_sigmoid.cuh"
 FLASH_SIGMOID_PARAMS = [("logits_scale", "float"), ("sigmoid_bias", "float")]
+
+
+def flash_sigmoid_source() -> str:
+    if not FLASH_SIGMOID_FILE.is_file():
+        pytest.skip(f"{FLASH_SIGMOID_FILE} is missing")
+    return FLASH_SIGMOID_FILE.read_text()

@@ -572,11 +572,11 @@ def test_compile_killed_midway_leaves_nothing_that_blocks_or_poisons(
 
 
 def test_custom_variant_compiles_through_the_jit(run_py: RunPy) -> None:
-    from conftest import FLASH_SIGMOID_PARAMS, FLASH_SIGMOID_SOURCE
+    from conftest import FLASH_SIGMOID_PARAMS, flash_sigmoid_source
 
     code = PRELUDE + (
         "import flashgen\n"
-        f"v = flashgen.Variant('user_flash_sigmoid', {FLASH_SIGMOID_SOURCE!r}, params={FLASH_SIGMOID_PARAMS!r})\n"
+        f"v = flashgen.Variant('user_flash_sigmoid', {flash_sigmoid_source()!r}, params={FLASH_SIGMOID_PARAMS!r})\n"
         "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128}, v))\n"
     )
     cold = _result(run_py(code, FLASHGEN_CUDA_ARCH_LIST="9.0a"))
@@ -600,3 +600,11 @@ def test_jit_build_is_byte_identical_to_the_wheel(run_py: RunPy, wheel_manifest:
     got = _result(run_py(code, FLASHGEN_CUDA_ARCH_LIST=_arch_env(wheel_manifest)))
     assert got["source"] == "jit"
     assert got["sha256"] == inst["sha256"]
+
+
+def test_param_ctypes_agree_with_the_abi_mirror() -> None:
+    """The additional-params struct uses the same C-type -> ctypes mapping as _kernels."""
+    from flashgen import _kernels
+
+    for ctype, expected in _kernels.PARAM_CTYPES.items():
+        assert _variant.ctype_of(ctype)[0] is expected, ctype
