@@ -132,11 +132,30 @@ def sdpa_fns(q4, k4, v4):
     return out
 
 
+def profile_kernels(fn, timer):
+    """Average device time per kernel over 20 flushed calls."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                timer.flush_buf.zero_()
+                fn()
+            torch.cuda.synchronize()
+        for evt in prof.key_averages():
+            if "decode" in evt.key or "merge" in evt.key:
+                total = getattr(evt, "device_time_total", None) or evt.cuda_time_total
+                print(f"    kernel {evt.key[:70]}: {total / evt.count:.1f} us x{evt.count}")
+    except Exception as e:  # noqa: BLE001 - profiling is optional
+        print(f"    (profiler failed: {e!r})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--so-dir", default=os.environ.get("FLASHGEN_BENCH_SO_DIR"))
+    ap.add_argument("--quick", action="store_true", help="flashgen default rows only")
+    ap.add_argument("--profile", action="store_true", help="per-kernel times (torch.profiler)")
     a = ap.parse_args()
     libs = load(a.so_dir)
     timer = Timer(a.iters)
@@ -153,10 +172,11 @@ def main():
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, median of {a.iters}, "
           "L2 flushed", flush=True)
     # Ceiling: a device-to-device copy of 2 GB.
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
-    dst = torch.empty_like(src)
-    row("copy 1 GiB (read + write)", timer(lambda: dst.copy_(src)), 2 * src.numel())
-    del src, dst
+    if not a.quick:
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+        dst = torch.empty_like(src)
+        row("copy 1 GiB (read + write)", timer(lambda: dst.copy_(src)), 2 * src.numel())
+        del src, dst
 
     for batch, kv_len, goal in ((64, 4096, ">= 4.2 TB/s"), (128, 8192, ">= 4.4 TB/s")):
         setup = batch_setup(batch, kv_len)
@@ -166,6 +186,12 @@ def main():
         fn, keep = batch_call(lib, codes, "default", batch, setup)
         t_default = timer(fn)
         row(f"batch_decode {batch}x{kv_len} default", t_default, nbytes, goal)
+        if a.profile:
+            profile_kernels(fn, timer)
+        if a.quick:
+            del setup, keep
+            torch.cuda.empty_cache()
+            continue
         q4 = setup[4].view(batch, HQ, 1, D)
         k4 = torch.randn(batch, HKV, kv_len, D, device=DEV, dtype=DT)
         v4 = torch.randn_like(k4)
@@ -201,6 +227,10 @@ def main():
         f = lib.single_decode
         nbytes = 2 * q.numel() * 2 + 2 * k.numel() * 2
         row(f"single_decode {kv_len} default", timer(lambda: f(*args)), nbytes, goal)
+        if a.profile:
+            profile_kernels(lambda: f(*args), timer)
+        if a.quick:
+            continue
         q4 = q.view(1, HQ, 1, D)
         k4 = k.permute(1, 0, 2).contiguous()[None]
         v4 = v.permute(1, 0, 2).contiguous()[None]

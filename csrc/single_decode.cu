@@ -118,17 +118,17 @@ int run(const Args& a) {
   if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
   const dim3 grid(static_cast<uint32_t>(plan.splits),
                   static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, a.stream>>>(
-      p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
-      static_cast<uint32_t>(plan.head_slices));
-  if (int st = check_launch("single_decode kernel")) return st;
-
+  if (int st = launch("single_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
+                      a.stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
+                      static_cast<uint32_t>(plan.head_slices))) {
+    return st;
+  }
   if (plan.splits > 1) {
     decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
-    decode::merge_kernel<HEAD_DIM, Variant, Params>
-        <<<p.num_qo_heads, decode::kMergeThreads, 0, a.stream>>>(
-            p, part_o, part_w, static_cast<uint32_t>(plan.splits), out);
-    if (int st = check_launch("single_decode merge kernel")) return st;
+    return launch("single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
+                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, a.stream, dev.major >= 9, p,
+                  static_cast<const float*>(part_o), static_cast<const float*>(part_w),
+                  static_cast<uint32_t>(plan.splits), out);
   }
   return FLASHGEN_OK;
 }

@@ -105,7 +105,11 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   const uint32_t pair = lane & 3;    // fragment column pair
 
   // Query fragments (B operand of S^T = K Q^T): head `group`, dims 2*pair.. of each k step.
+  // The transformed query is split as hi + lo, both in the input dtype, and the scores take two
+  // mma: the logits come out as exact as fp32 (one rounding of the scaled query would put a
+  // 2^-9 relative error on every logit, which an LSE over 32k tokens does not average away).
   uint32_t qf[Traits::kKSteps][2];
+  uint32_t qf_lo[Traits::kKSteps][2];
   {
     const bool valid = group < num_heads;
     const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
@@ -119,7 +123,10 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
           x0 = hooks::query_transform(variant, params, to_float(qh[d]));
           x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
         }
-        qf[ks][half_k] = ptx::pack2<DTypeKV>(x0, x1);
+        const float h0 = to_float(from_float<DTypeKV>(x0));
+        const float h1 = to_float(from_float<DTypeKV>(x1));
+        qf[ks][half_k] = ptx::pack2<DTypeKV>(h0, h1);
+        qf_lo[ks][half_k] = ptx::pack2<DTypeKV>(x0 - h0, x1 - h1);
       }
     }
   }
@@ -196,6 +203,7 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
       const uint32_t chunk = (ks * 2 + k_chunk0) ^ r7;
       ptx::ldmatrix_x4(a, k_base + (k_row * kChunks + chunk) * 16);
       ptx::mma_16816<DTypeKV>(s, a, qf[ks][0], qf[ks][1]);
+      ptx::mma_16816<DTypeKV>(s, a, qf_lo[ks][0], qf_lo[ks][1]);
     }
 
     // s[e]: token group + 8*(e>>1), head 2*pair + (e&1).
@@ -327,6 +335,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     single_decode_kernel(const __grid_constant__ Params params, float* part_o, float* part_w,
                          uint32_t chunk, uint32_t num_head_slices) {
   extern __shared__ __align__(128) uint8_t smem[];
+  ptx::launch_dependents();  // the merge kernel may be scheduled; it waits for this grid
   using DTypeKV = typename Params::DTypeKV;
   const uint32_t split = blockIdx.x;
   const uint32_t kv_head = blockIdx.y / num_head_slices;
@@ -361,6 +370,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     batch_decode_kernel(const __grid_constant__ Params params, float* part_o, float* part_w,
                         uint32_t num_splits, uint32_t num_head_slices) {
   extern __shared__ __align__(128) uint8_t smem[];
+  ptx::launch_dependents();  // the merge kernel may be scheduled; it waits for this grid
   using DTypeKV = typename Params::DTypeKV;
   const uint32_t split = blockIdx.x;
   const uint32_t batch_idx = blockIdx.y;

@@ -32,7 +32,11 @@ struct DecodeTraits {
 
   // Ring depth per warp. Measured reason: a warp must keep >= 2 tiles in flight to cover DRAM
   // latency; deeper rings for small rows, and <= ~128 KB per block so sm_80 still fits one.
+#ifdef FLASHGEN_DECODE_STAGES
+  static constexpr int kStages = FLASHGEN_DECODE_STAGES;
+#else
   static constexpr int kStages = kHeadDim == 64 ? 4 : (kHeadDim == 128 ? 3 : 2);
+#endif
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kWarpRingBytes = kStages * kStageBytes;
@@ -50,7 +54,10 @@ struct DecodeTraits {
 #ifndef FLASHGEN_DECODE_TARGET_WAVES
 #define FLASHGEN_DECODE_TARGET_WAVES 1
 #endif
-constexpr int64_t kMinChunkTokens = 64;
+#ifndef FLASHGEN_DECODE_MIN_CHUNK
+#define FLASHGEN_DECODE_MIN_CHUNK 64
+#endif
+constexpr int64_t kMinChunkTokens = FLASHGEN_DECODE_MIN_CHUNK;
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMergeMaxSplits = kMaxSplits;
 

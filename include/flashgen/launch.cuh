@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <cuda_runtime.h>
 
 #include "flashgen/abi.h"
@@ -23,6 +24,7 @@ struct DeviceInfo {
   int sm_count;
   int smem_per_sm;     // bytes of shared memory per multiprocessor
   int smem_per_block;  // opt-in maximum per block
+  int major;           // compute capability major
 };
 
 /** Properties of the current device, read once per device. */
@@ -38,13 +40,16 @@ inline int current_device(DeviceInfo* info) {
     *info = cache[dev];
     return FLASHGEN_OK;
   }
-  DeviceInfo d{dev, 0, 0, 0};
+  DeviceInfo d{dev, 0, 0, 0, 0};
   err = cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, dev);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   }
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
   }
   if (err != cudaSuccess) {
     return fail(FLASHGEN_CUDA_ERROR, "reading properties of device %d: %s", dev,
@@ -75,6 +80,32 @@ inline int allow_smem(Kernel kernel, const DeviceInfo& dev, int bytes, std::atom
   }
   done.fetch_or(bit, std::memory_order_acq_rel);
   return FLASHGEN_OK;
+}
+
+/**
+ * Launches `kernel`; with `dependent` (sm_90+) as a programmatic dependent launch, so that its
+ * launch overlaps the tail of the kernel before it (which must be waited on in the kernel with
+ * griddepcontrol.wait; see merge.cuh).
+ */
+template <typename... KernelArgs, typename... Args>
+inline int launch(const char* what, void (*kernel)(KernelArgs...), dim3 grid, int threads,
+                  int smem, cudaStream_t stream, bool dependent, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    return fail(FLASHGEN_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err),
+                cudaGetErrorName(err));
+  }
+  return check_launch(what);
 }
 
 /** Copies the caller's additional-params struct (laid out as ADDITIONAL_PARAMS_DECL). */

@@ -5,14 +5,14 @@ named by FLASHGEN_TEST_SO_DIR, and are called through flashgen._kernels. The cas
 (`single_cases`, `batch_cases`), the data builders and the reference (`reference_decode`) are
 plain functions so the same cases can run through the public API later.
 
-Tolerances (see `check`): per query head, the relative L2 error of the output and the absolute
-error of the natural-log LSE. The kernels round the transformed query and the softmax weights to
-the input dtype (as every tensor-core attention does), so the errors scale with that dtype's unit
-roundoff u (2^-8 bf16, 2^-10 f16, as bf16 keeps 8 mantissa bits and f16 10 with rounding):
-  output:  ||o - ref|| / ||ref|| <= 2.5 u per head         (bf16 1.0e-2, f16 2.4e-3)
-  LSE:     |lse - ref| <= 4 u / sqrt(n_eff) + 2e-5          (n_eff = 1 / sum p^2 per head)
-The LSE bound shrinks with the number of tokens that carry weight, so one dropped 16-token tile
-at 32k tokens (an LSE shift of ln(1 - 16/32768) = -4.9e-4) fails it, as does a wrong scale.
+Tolerances (see `check`), per query head:
+  output:  ||o - ref|| / ||ref|| <= 2.5 u      (bf16 9.8e-3, f16 2.4e-3)
+  LSE:     |lse - ref| <= 5e-5                  (natural log)
+u is the input dtype's unit roundoff (2^-8 bf16, 2^-10 f16). The kernels round the softmax
+weights and the output to that dtype, hence the output bound; the logits themselves are as exact
+as fp32 (the transformed query enters the tensor cores as hi + lo parts), hence the flat LSE
+bound. One dropped 16-token tile at 32k tokens moves the LSE by ln(1 - 16/32768) = -4.9e-4 and
+a wrong scale by far more, so both fail it. Set FLASHGEN_TEST_ERRLOG=path to log every error.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ CUSTOM_PARAMS = [{"name": "logits_scale", "type": "float"},
                  {"name": "sigmoid_bias", "type": "float"}]
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDOFF = {"f16": 2.0 ** -10, "bf16": 2.0 ** -8}
+LSE_ATOL = 5e-5
+ERRLOG = os.environ.get("FLASHGEN_TEST_ERRLOG")
 
 # ---------------------------------------------------------------- case matrix (plain functions)
 
@@ -161,12 +163,15 @@ def check(out, lse, ref_out, ref_lse, n_eff, dtype, what):
     assert torch.isfinite(out).all(), f"{what}: non-finite output (unwritten or NaN)"
     assert torch.isfinite(lse).all(), f"{what}: non-finite lse"
     err = (out - ref_out).norm(dim=-1) / ref_out.norm(dim=-1).clamp_min(1e-30)
-    assert err.max().item() <= 2.5 * u, f"{what}: output rel L2 {err.max().item():.3e} > {2.5 * u:.3e}"
-    lse_tol = 4 * u / n_eff.sqrt() + 2e-5
     lse_err = (lse - ref_lse).abs()
-    worst = (lse_err / lse_tol).argmax()
-    assert (lse_err <= lse_tol).all(), (
-        f"{what}: lse error {lse_err[worst].item():.3e} > {lse_tol[worst].item():.3e} "
+    worst = lse_err.argmax()
+    if ERRLOG:
+        with open(ERRLOG, "a") as f:
+            f.write(json.dumps({"case": what, "dtype": dtype, "out_rel_l2": err.max().item(),
+                                "lse_abs": lse_err.max().item()}) + "\n")
+    assert err.max().item() <= 2.5 * u, f"{what}: output rel L2 {err.max().item():.3e} > {2.5 * u:.3e}"
+    assert lse_err.max().item() <= LSE_ATOL, (
+        f"{what}: lse error {lse_err[worst].item():.3e} > {LSE_ATOL:.1e} "
         f"(n_eff {n_eff[worst].item():.1f})")
     return err.max().item(), lse_err.max().item()
 
