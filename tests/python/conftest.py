@@ -154,6 +154,11 @@ def wheel_files(wheel: Path) -> list[str]:
 # ---- fake CUDA tensors (DLPack) -------------------------------------------------------------------
 
 
+FAKE_TENSOR_SRC = r'''
+import ctypes
+from typing import Any
+
+
 class _DLManagedTensor(ctypes.Structure):
     _fields_ = [
         ("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
@@ -202,6 +207,8 @@ class FakeCudaTensor:
     def __dlpack__(self, stream: Any = None) -> Any:
         self.streams_seen.append(stream)
         return _capsule_new(ctypes.addressof(self._managed), b"dltensor", None)
+'''
+exec(FAKE_TENSOR_SRC)  # defines FakeCudaTensor here; test_wheel runs the same text in a bare venv
 
 
 @pytest.fixture
