@@ -193,6 +193,7 @@ impl<'m> Builder<'m> {
         let failures: Mutex<Vec<Failure>> = Mutex::default();
         let not_started: Mutex<Vec<String>> = Mutex::default();
         if !misses.is_empty() {
+            self.cache.sweep_stale_temps();
             ui.status(format!(
                 "compiling {} of {} instances with {} jobs ({} cached)",
                 misses.len(),

@@ -61,6 +61,26 @@ impl Cache {
         })
     }
 
+    /// Removes temp files that a killed build left under `<cache>/tmp` more than a day ago
+    /// (younger ones may belong to a build running now).
+    pub fn sweep_stale_temps(&self) {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("tmp")) else {
+            return;
+        };
+        let day = std::time::Duration::from_secs(24 * 3600);
+        for e in rd.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > day);
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
     /// A fresh path under `<cache>/tmp` for nvcc to write to.
     pub fn temp_output(&self, uri: &str) -> Result<tempfile::TempPath> {
         let tmp = self.dir.join("tmp");

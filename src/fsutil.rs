@@ -25,7 +25,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
     tmp.write_all(bytes)?;
     // tempfile creates 0600; these files are meant to be read by others (like any build output).
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
     tmp.as_file().sync_all()?;
     tmp.persist(path)
         .with_context(|| format!("cannot write {}", path.display()))?;

@@ -843,3 +843,51 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
         std::fs::read(t.path(&format!("build/wheel/{u1}.so"))).unwrap()
     );
 }
+
+#[test]
+fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
+    let t = Tree::new("toy");
+    let sel = [
+        "--where",
+        "dtype=f16",
+        "--where",
+        "width=128",
+        "--where",
+        "fast=false",
+    ];
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("flashgen"))
+        .current_dir(t.dir.path())
+        .env("FLASHGEN_CACHE_DIR", t.path(".cache"))
+        .env(
+            "FLASHGEN_NVCC",
+            project_nvcc().expect("the project venv's nvcc"),
+        )
+        .args(["build", "--out", "out", "--quiet", "--jobs", "2"])
+        .args(sel)
+        .spawn()
+        .unwrap();
+    // Kill once nvcc has started writing into the cache's temp folder.
+    let tmp = t.path(".cache/tmp");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(&tmp).map_or(true, |mut d| d.next().is_none())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Every object in the cache has its record; the next run builds the rest and all load.
+    let after = build_json(&t, "out", &sel);
+    assert_eq!(
+        after["built"].as_u64().unwrap() + after["cached"].as_u64().unwrap(),
+        4
+    );
+    for inst in after["instances"].as_array().unwrap() {
+        let bytes = std::fs::read(inst["path"].as_str().unwrap()).unwrap();
+        use sha2::Digest;
+        assert_eq!(
+            inst["sha256"].as_str().unwrap(),
+            format!("{:x}", sha2::Sha256::digest(&bytes))
+        );
+    }
+}
