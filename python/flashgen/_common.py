@@ -208,10 +208,19 @@ def check_out(what: str, name: str, t: Tensor, shape: Sequence[int], dtype: str,
         raise ValueError(f"{what}: {name} is on {t.device}, the inputs on cuda:{device}")
 
 
+_ws_sizes: dict[tuple[Any, ...], int] = {}
+
+
 def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, *shape: int) -> int:
-    """``flashgen_<module>_workspace_size``; a nonzero status raises KernelError."""
+    """``flashgen_<module>_workspace_size`` (memoized per instance and shape); a nonzero status
+    raises KernelError."""
+    key = (loaded.uri, loaded.path, shape)
+    hit = _ws_sizes.get(key)
+    if hit is not None:
+        return hit
     try:
-        return int(loaded.kernels.workspace_size(module, *shape))
+        n = _ws_sizes[key] = int(loaded.kernels.workspace_size(module, *shape))
+        return n
     except RuntimeError as exc:
         if getattr(exc, "status", None) is None:
             raise
@@ -220,7 +229,7 @@ def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, *shape: int)
 
 def launch(what: str, loaded: _loader.Loaded, device: int, fn: Callable[..., Any], *args: Any) -> None:
     """Call one entry point with ``device`` current; a nonzero status raises KernelError."""
-    pushed = _cuda.push_device(device)
+    pushed = _cuda.push_device(device) if _cuda.needs_guard() else False
     try:
         fn(*args)
     except RuntimeError as exc:  # _kernels raises its own error type with the status and message
@@ -235,4 +244,5 @@ def launch(what: str, loaded: _loader.Loaded, device: int, fn: Callable[..., Any
 def _reset_for_tests() -> None:
     _packers.clear()
     _instances.clear()
+    _ws_sizes.clear()
     WORKSPACES._bufs.clear()

@@ -110,6 +110,18 @@ def compute_capability(device: int = 0) -> tuple[int, int]:
     return cc
 
 
+_single_device: bool | None = None
+
+
+def needs_guard() -> bool:
+    """Whether launches must make the tensors' device current: not with one visible device,
+    where the only primary context is the one any thread's runtime uses anyway."""
+    global _single_device
+    if _single_device is None:
+        _single_device = device_count() == 1
+    return not _single_device
+
+
 def push_device(device: int) -> bool:
     """Make ``device``'s primary context current unless it already is; True when one was pushed
     (then call pop_device after the launch). The kernels' static CUDA runtime uses whatever

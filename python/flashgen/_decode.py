@@ -12,6 +12,7 @@ import ctypes
 from typing import Any
 
 from . import _common as C
+from ._tensor import allocator_for, describe
 from ._variant import Variant
 
 __all__ = ["single_decode", "batch_decode"]
@@ -80,18 +81,19 @@ def single_decode(
         C.check_out(what, "out", ts["out"], tq.shape, dtype, device)
     vname, custom, packer = C.resolve_variant(what, "single_decode", variant, variant_params)
     params = {"dtype": dtype, "head_dim": head_dim, "variant": vname}
-    struct, keep = packer.pack(variant_params, what, device, lambda x, n: fw.describe(x, f"{what}: {n}"))
+    struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
     loaded = C.instance_for(what, "single_decode", params, custom, device)
     kern = loaded.kernels
     codes = loaded.codes
     stream = fw.stream(device)
+    alloc = allocator_for(fw)
 
     ws_bytes = C.workspace_bytes(what, loaded, "single_decode", num_qo_heads, num_kv_heads, kv_len, head_dim)
-    ws_ptr, ws_size = C.WORKSPACES.get(fw, device, stream, ws_bytes, what)
-    o = out if out is not None else fw.empty(tq.shape, dtype, device, what)
-    to = ts["out"] if out is not None else fw.describe(o, "out")
-    lse = fw.empty((num_qo_heads,), "f32", device, what) if return_lse else None
-    lse_ptr = fw.describe(lse, "lse").ptr if lse is not None else None
+    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what)
+    o = out if out is not None else alloc.empty(tq.shape, dtype, device, what)
+    to = ts["out"] if out is not None else alloc.describe(o, "out")
+    lse = alloc.empty((num_qo_heads,), "f32", device, what) if return_lse else None
+    lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
     C.launch(
         what, loaded, device, kern.single_decode,
         tq.ptr, tk.ptr, tv.ptr, to.ptr, lse_ptr, num_qo_heads, num_kv_heads, kv_len, head_dim,
@@ -174,18 +176,19 @@ def batch_decode(
         C.check_out(what, "out", ts["out"], tq.shape, dtype, device)
     vname, custom, packer = C.resolve_variant(what, "batch_decode", variant, variant_params)
     params = {"dtype": dtype, "head_dim": head_dim, "page_size": page_size, "variant": vname}
-    struct, keep = packer.pack(variant_params, what, device, lambda x, n: fw.describe(x, f"{what}: {n}"))
+    struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
     loaded = C.instance_for(what, "batch_decode", params, custom, device)
     kern = loaded.kernels
     codes = loaded.codes
     stream = fw.stream(device)
+    alloc = allocator_for(fw)
 
     ws_bytes = C.workspace_bytes(what, loaded, "batch_decode", batch, num_qo_heads, num_kv_heads, head_dim)
-    ws_ptr, ws_size = C.WORKSPACES.get(fw, device, stream, ws_bytes, what)
-    o = out if out is not None else fw.empty(tq.shape, dtype, device, what)
-    to = ts["out"] if out is not None else fw.describe(o, "out")
-    lse = fw.empty((batch, num_qo_heads), "f32", device, what) if return_lse else None
-    lse_ptr = fw.describe(lse, "lse").ptr if lse is not None else None
+    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what)
+    o = out if out is not None else alloc.empty(tq.shape, dtype, device, what)
+    to = ts["out"] if out is not None else alloc.describe(o, "out")
+    lse = alloc.empty((batch, num_qo_heads), "f32", device, what) if return_lse else None
+    lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
     C.launch(
         what, loaded, device, kern.batch_decode,
         tq.ptr, tkv.ptr, to.ptr, lse_ptr, ts["kv_indptr"].ptr, ts["kv_indices"].ptr,

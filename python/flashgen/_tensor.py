@@ -13,7 +13,7 @@ import ctypes
 import sys
 from typing import Any, Callable, NamedTuple, Sequence
 
-__all__ = ["Tensor", "describe", "Framework", "framework_of", "KDL_CPU", "KDL_CUDA"]
+__all__ = ["Tensor", "describe", "Framework", "framework_of", "allocator_for", "KDL_CPU", "KDL_CUDA"]
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -168,11 +168,12 @@ class _Torch(Framework):
         self._raw_stream: Callable[[int], int] | None = raw
 
     def describe(self, t: Any, name: str) -> Tensor:
-        dev = t.device
-        if dev.type == "cuda":
+        # is_cuda / get_device() are plain attribute reads; t.device would build a device object.
+        if t.is_cuda:
             dt = t.dtype
-            return Tensor(t.data_ptr(), tuple(t.shape), t.stride(), _TORCH_DT.get(dt) or str(dt),
-                          KDL_CUDA, dev.index, "torch")
+            return Tensor(t.data_ptr(), t.shape, t.stride(), _TORCH_DT.get(dt) or str(dt),
+                          KDL_CUDA, t.get_device(), "torch")
+        dev = t.device
         dtype = _TORCH_DT.get(t.dtype) or str(t.dtype)
         kind = KDL_CPU if dev.type == "cpu" else -1
         return Tensor(0, tuple(t.shape), t.stride(), dtype, kind, dev.index or 0, f"torch:{dev.type}")
@@ -241,3 +242,18 @@ def framework_of(obj: Any) -> Framework:
 
 def describe(obj: Any, name: str) -> Tensor:
     return framework_of(obj).describe(obj, name)
+
+
+def allocator_for(fw: Framework) -> Framework:
+    """The framework that allocates outputs and workspace for inputs read through ``fw``: the
+    inputs' own when it can, else torch or cupy if the process already imported one (tensors from
+    a bare DLPack producer such as JAX). Streams still come from ``fw``."""
+    if fw is not _GENERIC:
+        return fw
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return framework_of(torch.empty(0))
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return _Cupy(cupy)
+    return fw
