@@ -20,7 +20,11 @@ struct DecodeTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
   static_assert(ELEM_BYTES_ == 2, "16-bit K/V only");
 
+#ifdef FLASHGEN_DECODE_WARPS
+  static constexpr int kWarps = FLASHGEN_DECODE_WARPS;
+#else
   static constexpr int kWarps = 4;
+#endif
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kTileTokens = 16;    // mma m (scores) and k (P V)
   static constexpr int kHeadsPerBlock = 8;  // mma n: query heads sharing one kv head
