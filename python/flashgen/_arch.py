@@ -29,7 +29,7 @@ class Arch(NamedTuple):
         return (self.major, self.minor)
 
 
-_TOKEN = re.compile(r"^(?:(sm|compute)_)?(\d+)(?:\.(\d))?([af]?)$")
+_TOKEN = r"^(?:(sm|compute)_)?(\d+)(?:\.(\d))?([af]?)$"  # compiled on first use (re caches it)
 
 
 def parse_arch(token: str) -> list[Arch]:
@@ -38,7 +38,7 @@ def parse_arch(token: str) -> list[Arch]:
     ptx_too = False
     if text.upper().endswith("+PTX"):
         ptx_too, text = True, text[:-4]
-    m = _TOKEN.match(text.lower())
+    m = re.match(_TOKEN, text.lower())
     if not m:
         raise ValueError(
             f"cannot read the GPU arch {token!r}; write it like 9.0a, 8.6, 90a, sm_90a or 9.0+PTX"

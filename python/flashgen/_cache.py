@@ -21,11 +21,8 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 __all__ = ["Entry", "sha256_file", "toolchain_probe"]
 
@@ -59,12 +56,20 @@ def toolchain_probe(toolchain: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "nvcc_stat": _stat_key(toolchain.get("nvcc")),
         "env": {k: os.environ.get(k) for k in ("FLASHGEN_NVCC", "CUDA_HOME", "CUDA_PATH")},
-        "which_nvcc": shutil.which("nvcc"),
+        "which_nvcc": _which("nvcc"),
     }
 
 
-@dataclass(frozen=True)
-class Entry:
+def _which(name: str) -> str | None:
+    """shutil.which without importing shutil on the warm path."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+class Entry(NamedTuple):
     """One cache entry: ``dir/key.so`` and its sidecar."""
 
     dir: Path
@@ -122,6 +127,8 @@ class Entry:
     def clear_stale_tmp(self) -> None:
         """Remove build folders that dead processes left for this entry. Call with the lock
         held: any holder of a folder for this key held the lock, so it is gone."""
+        import shutil
+
         try:
             names = os.listdir(self.tmp_root)
         except FileNotFoundError:
@@ -135,6 +142,8 @@ class Entry:
                     os.unlink(self.dir / name)
 
     def make_tmp(self) -> Path:
+        import tempfile
+
         self.tmp_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=self.key + ".", dir=self.tmp_root))
 

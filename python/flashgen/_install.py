@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -72,6 +70,8 @@ def binary() -> Path:
             f"the bundled flashgen binary {bundled} is not executable (the wheel lost its mode "
             f"bits).\n\nRun `chmod +x {bundled}`, reinstall the wheel, or set FLASHGEN_BIN."
         )
+    import shutil
+
     on_path = shutil.which("flashgen")
     looked.append("flashgen on PATH")
     if on_path:
@@ -126,6 +126,8 @@ def matrix_json() -> dict[str, Any]:
 
 
 def _describe() -> dict[str, Any]:
+    import subprocess
+
     cmd = [str(binary()), "--config", str(variants_json()), "describe", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 and "'--json'" in proc.stderr:  # binaries whose describe is JSON-only

@@ -12,14 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,18 +27,25 @@ from ._variant import Variant
 __all__ = ["Loaded", "load", "target_archs", "jit_enabled", "cache_dir"]
 
 
-@dataclass
 class Loaded:
-    """One instance, ready to bind: its binary, where it came from, and its runtime codes."""
+    """One instance, ready to bind: its binary, where it came from (``source``: "aot", "cache"
+    or "jit"), its runtime codes, and the wall time of the lookup (and compile) in ``seconds``."""
 
-    uri: str
-    module: str
-    params: dict[str, Any]
-    codes: dict[str, int]
-    path: Path
-    source: str  # "aot", "cache" or "jit"
-    seconds: float = 0.0  # wall time of the lookup (and the compile, for "jit")
-    _kernels: Any = field(default=None, repr=False)
+    __slots__ = ("uri", "module", "params", "codes", "path", "source", "seconds", "_kernels")
+
+    def __init__(self, uri: str, module: str, params: dict[str, Any], codes: dict[str, int],
+                 path: Path, source: str, seconds: float = 0.0) -> None:
+        self.uri = uri
+        self.module = module
+        self.params = params
+        self.codes = codes
+        self.path = path
+        self.source = source
+        self.seconds = seconds
+        self._kernels: Any = None
+
+    def __repr__(self) -> str:
+        return f"Loaded({self.uri!r}, source={self.source!r}, path={str(self.path)!r})"
 
     @property
     def kernels(self) -> Any:
@@ -194,6 +196,8 @@ def _aot_lookup(inst: Instance, targets: list[_arch.Arch]) -> Loaded | None:
 def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | None,
                       variant: Variant | None, targets: list[_arch.Arch], arch_arg: str,
                       entry: Entry) -> str:
+    import shlex
+
     archs = " ".join(a.name for a in targets)
     where = " ".join(f"--where {k}={format_value(v)}" for k, v in params.items())
     if variant is None and inst is not None:
@@ -225,6 +229,7 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
     compiling into a folder the next process removes."""
     try:
         import ctypes
+        import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
@@ -233,6 +238,10 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
 
 def _compile(entry: Entry, module: str, params: Mapping[str, Any], variant: Variant | None,
              arch_arg: str, version: str) -> dict[str, Any]:
+    import shlex
+    import shutil
+    import subprocess
+
     out = entry.make_tmp()
     try:
         cmd = [str(_install.binary()), "--config", str(_install.variants_json()), "build",

@@ -7,24 +7,20 @@ construction. This module adds fast lookups and error messages that name the val
 
 from __future__ import annotations
 
-import fnmatch
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from . import _install
 
 __all__ = ["Axis", "Module", "Param", "Instance", "Matrix", "matrix", "format_value"]
 
 
-@dataclass(frozen=True)
-class Axis:
+class Axis(NamedTuple):
     name: str
     type: str
     values: tuple[Any, ...]
 
 
-@dataclass(frozen=True)
-class Module:
+class Module(NamedTuple):
     name: str
     entry_points: tuple[str, ...]
     axes: tuple[Axis, ...]
@@ -43,22 +39,19 @@ class Module:
         return None
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     """One additional parameter of a variant: its name and C type (``float``, ``const float*``)."""
 
     name: str
     ctype: str
 
 
-@dataclass(frozen=True)
-class Instance:
+class Instance(NamedTuple):
     uri: str
     module: str
     params: Mapping[str, Any]
     codes: Mapping[str, int]
     aot: bool
-    raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
 
 def format_value(value: Any) -> str:
@@ -95,7 +88,7 @@ class Matrix:
         for raw in data.get("instances", ()):
             inst = Instance(
                 raw["uri"], raw["module"], dict(raw["params"]), dict(raw.get("codes", {})),
-                bool(raw.get("aot", False)), raw,
+                bool(raw.get("aot", False)),
             )
             self.instances.append(inst)
             module = self.modules.get(inst.module)
@@ -214,6 +207,8 @@ def _norm(value: Any) -> Any:
 def _matches(actual: Any, pattern: Any) -> bool:
     text = format_value(actual)
     if isinstance(pattern, str) and any(c in pattern for c in "*?["):
+        import fnmatch
+
         return fnmatch.fnmatchcase(text, pattern)
     return text == format_value(pattern)
 

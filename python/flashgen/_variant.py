@@ -9,8 +9,7 @@ import ctypes
 import hashlib
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from ._matrix import Param
 
@@ -40,15 +39,16 @@ _POINTEE_DTYPE = {
     "double": "f64", "void": "any",
 }
 
-_CTYPE = re.compile(r"^\s*(?:const\s+)?([A-Za-z_][\w ]*?)\s*(\*)?\s*(?:const\s*)?$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STRUCT = re.compile(r"template\s*<[^<>]*>\s*struct\s+([A-Za-z_]\w*)")
+# Patterns compile on first use: import flashgen stays cheap.
+_CTYPE = r"^\s*(?:const\s+)?([A-Za-z_][\w ]*?)\s*(\*)?\s*(?:const\s*)?$"
+_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_STRUCT = r"template\s*<[^<>]*>\s*struct\s+([A-Za-z_]\w*)"
 
 
 def ctype_of(ctype: str) -> tuple[Any, str | None]:
     """(ctypes type, pointee dtype or None) for a parameter's C type; pointers are passed as
     device addresses (``c_void_p``) and must be tensors of the pointee's dtype."""
-    m = _CTYPE.match(ctype)
+    m = re.match(_CTYPE, ctype)
     if m is None:
         raise TypeError(f"unsupported C type {ctype!r} for a variant parameter")
     base, star = " ".join(m.group(1).split()), m.group(2)
@@ -80,7 +80,7 @@ class Variant:
 
     def __init__(self, name: str, source: str, params: Sequence[tuple[str, str]] = (),
                  struct: str | None = None) -> None:
-        if not isinstance(name, str) or not _IDENT.match(name):
+        if not isinstance(name, str) or not re.match(_IDENT, name):
             raise ValueError(f"Variant name {name!r} must be a C identifier (letters, digits, _)")
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"Variant {name!r}: source must be non-empty C++ text")
@@ -92,14 +92,14 @@ class Variant:
                 raise TypeError(
                     f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
                 ) from None
-            if not _IDENT.match(str(pname)):
+            if not re.match(_IDENT, str(pname)):
                 raise ValueError(f"Variant {name!r}: parameter name {pname!r} is not a C identifier")
             ctype_of(str(ptype))  # raises on an unsupported type
             if any(p.name == pname for p in plist):
                 raise ValueError(f"Variant {name!r}: parameter {pname!r} is declared twice")
             plist.append(Param(str(pname), str(ptype)))
         if struct is None:
-            found = list(dict.fromkeys(_STRUCT.findall(source)))
+            found = list(dict.fromkeys(re.findall(_STRUCT, source)))
             if len(found) != 1:
                 which = f"it defines {', '.join(found)}" if found else "it defines none"
                 raise ValueError(
@@ -107,7 +107,7 @@ class Variant:
                     "pass struct='Name'"
                 )
             struct = found[0]
-        elif not _IDENT.match(struct):
+        elif not re.match(_IDENT, struct):
             raise ValueError(f"Variant {name!r}: struct {struct!r} is not a C identifier")
         self.name = name
         self.source = source
@@ -131,8 +131,7 @@ class Variant:
         return hash(self.digest)
 
 
-@dataclass(frozen=True)
-class _Field:
+class _Field(NamedTuple):
     name: str
     ctype: Any
     pointee: str | None

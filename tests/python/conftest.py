@@ -30,7 +30,16 @@ PYTHON_SRC = REPO / "python"
 SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
                     "--where", "head_dim=128", "--where", "variant=default"]
 
-if str(PYTHON_SRC) not in sys.path:
+def _installed_elsewhere() -> bool:
+    """A flashgen already importable from outside this checkout (a wheel on PYTHONPATH, as on
+    the GPU machine) is the one under test; otherwise the checkout's python/ is."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("flashgen")
+    return spec is not None and spec.origin is not None and not Path(spec.origin).resolve().is_relative_to(REPO)
+
+
+if not _installed_elsewhere() and str(PYTHON_SRC) not in sys.path:
     sys.path.insert(0, str(PYTHON_SRC))
 
 
