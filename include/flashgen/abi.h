@@ -4,7 +4,11 @@
  * Plain C so that any FFI (ctypes, cffi, Rust) can call it. Pointers are device pointers unless
  * noted; sizes and strides are in elements; `stream` is the caller's cudaStream_t. Entry points
  * return FLASHGEN_OK or a nonzero status and leave a message for flashgen_last_error(); they never
- * abort the process.
+ * abort the process. `additional_params` is a host pointer, read during the call, to a struct laid
+ * out as the ADDITIONAL_PARAMS_DECL of the header the binary was built from (in the instance form:
+ * the variant's own parameters in declared order); device arrays inside it (alibi_slopes) are
+ * device pointers. `workspace` is device memory of at least the *_workspace_size bytes, computed
+ * for the current device; its contents need no initialization.
  */
 #ifndef FLASHGEN_ABI_H_
 #define FLASHGEN_ABI_H_
