@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use crate::config::{AxisKind, ParamDecl};
 use crate::instance::Instance;
-use crate::matrix::{Axis, Matrix, Module, Value, DTYPES};
+use crate::matrix::{Axis, Matrix, Module, Value, Variant, DTYPES};
 
 /// The name the kernels include; nvcc finds it through `-I <generated folder>`.
 pub const HEADER_NAME: &str = "flashgen_instance.cuh";
@@ -31,15 +31,7 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
         format!("flashgen generate --out <DIR> --module {}{wheres}", m.name)
     };
     let variants: Vec<_> = matrix.instance_variants(inst).collect();
-    let mut h = prologue(
-        &regenerate,
-        m,
-        &variants
-            .iter()
-            .map(|v| v.include_name())
-            .collect::<Vec<_>>(),
-        uses_fp8(m),
-    );
+    let mut h = prologue(matrix, &regenerate, m, &variants);
     writeln!(h, "#define FLASHGEN_INSTANCE_URI \"{}\"", inst.uri).unwrap();
     writeln!(h, "#define FLASHGEN_DISPATCHING 0\n").unwrap();
     for v in &variants {
@@ -132,8 +124,7 @@ pub fn dispatch_header(
         .flat_map(|(a, u)| u.iter().map(move |&i| a.values[i].to_string()))
         .filter_map(|n| matrix.variant(&n))
         .collect();
-    let includes: Vec<String> = variants.iter().map(|v| v.include_name()).collect();
-    let mut h = prologue(regenerate, m, &includes, uses_fp8(m));
+    let mut h = prologue(matrix, regenerate, m, &variants);
     writeln!(h, "#define FLASHGEN_DISPATCHING 1\n").unwrap();
     for v in &variants {
         h.push_str(&variant_tag(&v.name, &v.struct_name));
@@ -188,7 +179,8 @@ pub fn dispatch_header(
     h
 }
 
-fn prologue(regenerate: &str, m: &Module, variant_includes: &[String], fp8: bool) -> String {
+/// Banner, CUDA type headers, the configured `includes`, then each variant's header.
+fn prologue(matrix: &Matrix, regenerate: &str, m: &Module, variants: &[&Variant]) -> String {
     let mut h = String::new();
     writeln!(
         h,
@@ -198,11 +190,14 @@ fn prologue(regenerate: &str, m: &Module, variant_includes: &[String], fp8: bool
     .unwrap();
     writeln!(h, "// Regenerate with: {regenerate}").unwrap();
     h.push_str("#pragma once\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n");
-    if fp8 {
+    if uses_fp8(m) {
         h.push_str("#include <cuda_fp8.h>\n");
     }
-    for inc in variant_includes {
+    for inc in &matrix.includes {
         writeln!(h, "#include <{inc}>").unwrap();
+    }
+    for v in variants {
+        writeln!(h, "#include <{}>", v.include_name()).unwrap();
     }
     writeln!(h, "\n#define FLASHGEN_MODULE \"{}\"", m.name).unwrap();
     h.push_str(MISS_COUNTER);

@@ -64,6 +64,10 @@ pub struct ConfigFile {
     /// Extra nvcc flags for every instance.
     #[serde(default)]
     pub nvcc_flags: Vec<String>,
+    /// Headers under `include/` that every generated header includes before the variant headers
+    /// (the variant interface), so a user variant's header needs no includes of its own.
+    #[serde(default)]
+    pub includes: Vec<String>,
     #[serde(default)]
     pub variants: UniqueMap<VariantDecl>,
     pub modules: UniqueMap<ModuleDecl>,

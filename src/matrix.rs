@@ -159,6 +159,8 @@ pub struct Matrix {
     pub root: PathBuf,
     pub archs: Vec<String>,
     pub nvcc_flags: Vec<String>,
+    /// Included by every generated header ahead of the variant headers.
+    pub includes: Vec<String>,
     pub variants: Vec<Variant>,
     pub modules: Vec<Module>,
     pub instances: Vec<Instance>,
@@ -197,6 +199,16 @@ impl Matrix {
             field,
         };
 
+        for (i, inc) in file.includes.iter().enumerate() {
+            if !root.join("include").join(inc).is_file() {
+                return Err(at(format!("includes[{i}]"))
+                    .err(format!(
+                        "include/{inc} does not exist under {}",
+                        root.display()
+                    ))
+                    .into());
+            }
+        }
         let mut variants = Vec::new();
         for (name, decl) in file.variants.iter() {
             variants.push(check_variant(
@@ -313,6 +325,7 @@ impl Matrix {
             root,
             archs: file.archs,
             nvcc_flags: file.nvcc_flags,
+            includes: file.includes,
             variants,
             modules,
             instances,
