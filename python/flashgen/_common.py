@@ -245,4 +245,8 @@ def _reset_for_tests() -> None:
     _packers.clear()
     _instances.clear()
     _ws_sizes.clear()
+    from . import _decode
+
+    _decode._SINGLE_PLANS.clear()
+    _decode._BATCH_PLANS.clear()
     WORKSPACES._bufs.clear()

@@ -12,7 +12,7 @@ import ctypes
 from typing import Any
 
 from . import _common as C
-from ._tensor import allocator_for, describe
+from ._tensor import allocator_for, describe, torch_tensor_type
 from ._variant import Variant
 
 __all__ = ["single_decode", "batch_decode"]
@@ -20,6 +20,44 @@ __all__ = ["single_decode", "batch_decode"]
 
 def _addr(struct: Any) -> int | None:
     return ctypes.addressof(struct) if struct is not None else None
+
+
+# Per-call plans for plain torch tensors: a call whose tensors have the shapes, strides, dtypes
+# and devices of an earlier validated call (and the same options) reuses everything derived from
+# them and only reads the data pointers and the current stream. The key holds every input the
+# checks read, so a plan never skips a check that could fail.
+_SINGLE_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_BATCH_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_MAX_PLANS = 4096
+
+
+def _tkey(t: Any) -> tuple[Any, ...]:
+    return (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _run_plan(what: str, plan: tuple[Any, ...], ptrs: tuple[int, ...], shape: Any, out: Any,
+              variant_params: dict[str, Any], after: tuple[int, ...] = ()) -> Any:
+    """Launch with a remembered plan: pointers ``ptrs``, then the output and LSE, then ``after``."""
+    fn, loaded, packer, fw, alloc, device, ws_bytes, mid, tail, dtype, lse_shape = plan
+    struct = keep = None
+    if packer is not None:
+        struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
+    stream = fw.stream(device)
+    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what) if ws_bytes else (0, 0)
+    o = out if out is not None else alloc.empty(shape, dtype, device, what)
+    lse = alloc.empty(lse_shape, "f32", device, what) if lse_shape is not None else None
+    C.launch(what, loaded, device, fn, *ptrs, o.data_ptr(), lse.data_ptr() if lse is not None else None,
+             *after, *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
+    del keep
+    return (o, lse) if lse is not None else o
+
+
+def _remember(plans: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...] | None,
+              plan: tuple[Any, ...]) -> None:
+    if key is not None:
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = plan
 
 
 def single_decode(
@@ -54,6 +92,21 @@ def single_decode(
         cupy or any DLPack producer; outputs are allocated by ``q``'s framework.
     """
     what = "single_decode"
+    key = None
+    tt = torch_tensor_type()
+    if tt is not None and q.__class__ is tt and k.__class__ is tt and v.__class__ is tt:
+        okey = None if out is None else (out.__class__ is tt and _tkey(out))
+        key = (_tkey(q), _tkey(k), _tkey(v), okey, kv_layout, variant, sm_scale, return_lse,
+               tuple(variant_params))
+        try:
+            plan = _SINGLE_PLANS.get(key)
+        except TypeError:  # an unhashable argument: the checked path reports it
+            plan = key = None
+        if plan is not None:
+            return _run_plan(what, plan, (q.data_ptr(), k.data_ptr(), v.data_ptr()), q.shape, out,
+                             variant_params)
+        if okey is False:
+            key = None
     layout = C.check_layout(what, kv_layout)
     ts, fw, device = C.read_tensors(what, {"q": q, "k": k, "v": v, "out": out})
     tq, tk, tv = ts["q"], ts["k"], ts["v"]
@@ -94,13 +147,15 @@ def single_decode(
     to = ts["out"] if out is not None else alloc.describe(o, "out")
     lse = alloc.empty((num_qo_heads,), "f32", device, what) if return_lse else None
     lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
-    C.launch(
-        what, loaded, device, kern.single_decode,
-        tq.ptr, tk.ptr, tv.ptr, to.ptr, lse_ptr, num_qo_heads, num_kv_heads, kv_len, head_dim,
-        tq.strides[0], k_sn, k_sh, v_sn, v_sh, to.strides[0], codes["dtype"], codes["variant"],
-        C.default_sm_scale(head_dim, sm_scale), _addr(struct), ws_ptr, ws_size, stream,
-    )
+    mid = (num_qo_heads, num_kv_heads, kv_len, head_dim, tq.strides[0], k_sn, k_sh, v_sn, v_sh,
+           to.strides[0], codes["dtype"], codes["variant"])
+    tail = (C.default_sm_scale(head_dim, sm_scale),)
+    C.launch(what, loaded, device, kern.single_decode, tq.ptr, tk.ptr, tv.ptr, to.ptr, lse_ptr,
+             *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
     del keep
+    _remember(_SINGLE_PLANS, key, (kern.single_decode, loaded, packer if packer.struct_type else None,
+                                   fw, alloc, device, ws_bytes, mid, tail, dtype,
+                                   (num_qo_heads,) if return_lse else None))
     return (o, lse) if return_lse else o
 
 
@@ -135,6 +190,23 @@ def batch_decode(
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     what = "batch_decode"
+    key = None
+    tt = torch_tensor_type()
+    if (tt is not None and q.__class__ is tt and paged_kv_cache.__class__ is tt and kv_indptr.__class__ is tt
+            and kv_indices.__class__ is tt and kv_last_page_len.__class__ is tt):
+        okey = None if out is None else (out.__class__ is tt and _tkey(out))
+        key = (_tkey(q), _tkey(paged_kv_cache), _tkey(kv_indptr), _tkey(kv_indices), _tkey(kv_last_page_len),
+               okey, kv_layout, variant, sm_scale, return_lse, tuple(variant_params))
+        try:
+            plan = _BATCH_PLANS.get(key)
+        except TypeError:
+            plan = key = None
+        if plan is not None:
+            ptrs = (q.data_ptr(), paged_kv_cache.data_ptr())
+            tables = (kv_indptr.data_ptr(), kv_indices.data_ptr(), kv_last_page_len.data_ptr())
+            return _run_plan(what, plan, ptrs, q.shape, out, variant_params, tables)
+        if okey is False:
+            key = None
     layout = C.check_layout(what, kv_layout)
     ts, fw, device = C.read_tensors(what, {
         "q": q, "paged_kv_cache": paged_kv_cache, "kv_indptr": kv_indptr,
@@ -189,13 +261,14 @@ def batch_decode(
     to = ts["out"] if out is not None else alloc.describe(o, "out")
     lse = alloc.empty((batch, num_qo_heads), "f32", device, what) if return_lse else None
     lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
-    C.launch(
-        what, loaded, device, kern.batch_decode,
-        tq.ptr, tkv.ptr, to.ptr, lse_ptr, ts["kv_indptr"].ptr, ts["kv_indices"].ptr,
-        ts["kv_last_page_len"].ptr, batch, num_qo_heads, num_kv_heads, head_dim, page_size,
-        tq.strides[0], tq.strides[1], s_page, s_kv, s_n, s_h, to.strides[0], to.strides[1],
-        codes["dtype"], codes["variant"], C.default_sm_scale(head_dim, sm_scale), _addr(struct),
-        ws_ptr, ws_size, stream,
-    )
+    mid = (batch, num_qo_heads, num_kv_heads, head_dim, page_size, tq.strides[0], tq.strides[1],
+           s_page, s_kv, s_n, s_h, to.strides[0], to.strides[1], codes["dtype"], codes["variant"])
+    tail = (C.default_sm_scale(head_dim, sm_scale),)
+    C.launch(what, loaded, device, kern.batch_decode, tq.ptr, tkv.ptr, to.ptr, lse_ptr,
+             ts["kv_indptr"].ptr, ts["kv_indices"].ptr, ts["kv_last_page_len"].ptr,
+             *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
     del keep
+    _remember(_BATCH_PLANS, key, (kern.batch_decode, loaded, packer if packer.struct_type else None,
+                                  fw, alloc, device, ws_bytes, mid, tail, dtype,
+                                  (batch, num_qo_heads) if return_lse else None))
     return (o, lse) if return_lse else o

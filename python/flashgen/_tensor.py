@@ -164,6 +164,7 @@ class _Torch(Framework):
                       (torch.uint8, "u8"), (torch.int8, "i8"), (torch.bool, "bool")):
             _TORCH_DT[dt] = s
             _TORCH_FROM[s] = dt
+        self._devices: dict[int, Any] = {}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream: Callable[[int], int] | None = raw
 
@@ -184,7 +185,10 @@ class _Torch(Framework):
         return int(self.torch.cuda.current_stream(device).cuda_stream)
 
     def empty(self, shape: Sequence[int], dtype: str, device: int, what: str) -> Any:
-        return self.torch.empty(tuple(shape), dtype=_TORCH_FROM[dtype], device=f"cuda:{device}")
+        dev = self._devices.get(device)
+        if dev is None:
+            dev = self._devices[device] = self.torch.device("cuda", device)
+        return self.torch.empty(shape, dtype=_TORCH_FROM[dtype], device=dev)
 
 
 _CUPY_DT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -242,6 +246,20 @@ def framework_of(obj: Any) -> Framework:
 
 def describe(obj: Any, name: str) -> Tensor:
     return framework_of(obj).describe(obj, name)
+
+
+_torch_tensor: Any = None
+
+
+def torch_tensor_type() -> Any:
+    """``torch.Tensor`` once the process has imported torch, else None (never imports it)."""
+    global _torch_tensor
+    if _torch_tensor is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        _torch_tensor = torch.Tensor
+    return _torch_tensor
 
 
 def allocator_for(fw: Framework) -> Framework:

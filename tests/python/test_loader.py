@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import hashlib
+import math
 import json
 import os
 import signal
@@ -608,3 +609,122 @@ def test_param_ctypes_agree_with_the_abi_mirror() -> None:
 
     for ctype, expected in _kernels.PARAM_CTYPES.items():
         assert _variant.ctype_of(ctype)[0] is expected, ctype
+
+
+# ---- the per-call plan (fast path for torch tensors) ---------------------------------------------
+
+
+class _FakeTorch:
+    """Just enough of torch's surface for the fast path: a Tensor class, dtypes, empty, streams."""
+
+    def __init__(self) -> None:
+        import types
+
+        class DType(str):
+            pass
+
+        for name in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8", "bool"):
+            setattr(self, name, DType(name))
+        fake = self
+
+        class Tensor:
+            is_cuda = True
+            _next = 0x100000
+
+            def __init__(self, shape: tuple[int, ...], dtype: Any, strides: tuple[int, ...] | None = None) -> None:
+                self.shape, self.dtype = tuple(shape), dtype
+                acc, rev = 1, []
+                for n in reversed(self.shape):
+                    rev.append(acc)
+                    acc *= n
+                self._strides = strides or tuple(reversed(rev))
+                Tensor._next += 0x10000
+                self._ptr = Tensor._next
+
+            def data_ptr(self) -> int:
+                return self._ptr
+
+            def stride(self) -> tuple[int, ...]:
+                return self._strides
+
+            def get_device(self) -> int:
+                return 0
+
+        self.Tensor = Tensor
+        self._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda d: 0xABC)
+        self.cuda = types.SimpleNamespace(is_initialized=lambda: False)
+        self.device = lambda kind, index: (kind, index)
+        self.empty = lambda shape, dtype, device: fake.Tensor(shape, dtype)
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
+    from flashgen import _cuda, _loader, _tensor
+
+    torch = _FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(_tensor, "_torch_tensor", None)
+    monkeypatch.setattr(_tensor, "_by_type", {})
+    monkeypatch.setattr(_cuda, "driver", lambda: None)
+    monkeypatch.setattr(_cuda, "needs_guard", lambda: False)
+    calls: list[tuple[Any, ...]] = []
+
+    class Kernels:
+        def workspace_size(self, module: str, *shape: int) -> int:
+            return 1 << 20
+
+        def _record(self, *args: Any) -> None:
+            params = args[-4]
+            value = ctypes.c_float.from_address(params).value if params else None
+            calls.append(args[:-4] + (value,) + args[-3:])
+
+        single_decode = batch_decode = _record
+
+    def load(module: str, params: dict[str, Any], variant: Any = None, device: Any = None) -> Any:
+        inst = next(i for i in fake_matrix["instances"] if i["module"] == module and i["params"] == params)
+        loaded = _loader.Loaded(inst["uri"], module, params, inst["codes"], Path("/nonexistent"), "aot")
+        loaded._kernels = Kernels()
+        return loaded
+
+    monkeypatch.setattr(_loader, "load", load)
+    torch.calls = calls  # type: ignore[attr-defined]
+    return torch
+
+
+def test_plans_launch_exactly_what_the_checked_path_does(fake_torch: Any) -> None:
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    calls = fake_torch.calls
+    q, k, v = T((32, 128), bf16), T((8, 100, 128), bf16), T((8, 100, 128), bf16)
+    for cap in (30.0, 2.5):
+        o = flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=cap)
+        assert o.shape == (32, 128)
+    first, second = calls
+    assert first[:3] == second[:3] == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    assert first[5:-4] == second[5:-4] == (32, 8, 100, 128, 128, 128, 12800, 128, 12800, 128, 1, 1, pytest.approx(1 / math.sqrt(128)))
+    assert (first[-4], second[-4]) == (30.0, 2.5), "variant parameters are read on every call"
+    assert first[-2:] == second[-2:] and first[-1] == 0xABC
+    assert len(flashgen._decode._SINGLE_PLANS) == 1
+    # Anything the checks read changes the key: a bad call after good ones still fails its check.
+    with pytest.raises(ValueError, match="must be a multiple of num_kv_heads"):
+        flashgen.single_decode(T((30, 128), bf16), k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=1.0)
+    with pytest.raises(TypeError, match="missing parameter 'logits_soft_cap'"):
+        flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap")
+    with pytest.raises(TypeError, match="logits_soft_cap must be a number"):
+        flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap="x")
+    out = T((32, 128), bf16)
+    res = flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=1.0, out=out,
+                                 return_lse=True)
+    assert res[0] is out and res[1].shape == (32,) and calls[-1][3] == out.data_ptr()
+
+
+def test_batch_plans_keep_the_page_table_order(fake_torch: Any) -> None:
+    T, f16, i32 = fake_torch.Tensor, fake_torch.float16, fake_torch.int32
+    calls = fake_torch.calls
+    q, cache = T((4, 32, 64), f16), T((10, 2, 16, 8, 64), f16)
+    indptr, indices, last = T((5,), i32), T((10,), i32), T((4,), i32)
+    for _ in range(2):
+        flashgen.batch_decode(q, cache, indptr, indices, last)
+    assert calls[0][:2] == calls[1][:2] and calls[0][4:] == calls[1][4:]
+    assert calls[1][4:7] == (indptr.data_ptr(), indices.data_ptr(), last.data_ptr())
+    assert calls[1][7:22] == (4, 32, 8, 64, 16, 32 * 64, 64, 2 * 16 * 8 * 64, 16 * 8 * 64, 8 * 64, 64, 32 * 64, 64, 0, 0)
+    assert len(flashgen._decode._BATCH_PLANS) == 1
