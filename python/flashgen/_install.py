@@ -162,6 +162,38 @@ def aot_dir() -> Path:
     return _MANIFEST_FILE.parent
 
 
+_stamp: tuple[str | None] | None = None
+
+
+def source_stamp() -> str | None:
+    """In a source checkout, a short hash of the kernel sources' names, sizes and mtimes, so JIT
+    cache entries of edited sources are never reused (the build's own content-addressed cache
+    still skips nvcc when the bytes did not change). None for an installed wheel, whose sources
+    change only with its version."""
+    global _stamp
+    if _stamp is None:
+        root = None if is_installed() else repo_root()
+        if root is None:
+            _stamp = (None,)
+        else:
+            import hashlib
+
+            h = hashlib.sha256()
+            files = [root / "variants.json"]
+            for sub in ("csrc", "include"):
+                for dirpath, dirnames, filenames in os.walk(root / sub):
+                    dirnames.sort()
+                    files += [Path(dirpath) / f for f in sorted(filenames)]
+            for f in files:
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                h.update(f"{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            _stamp = (h.hexdigest()[:12],)
+    return _stamp[0]
+
+
 def cache_root() -> Path:
     """``FLASHGEN_CACHE_DIR``, else ``~/.cache/flashgen`` (shared with ``flashgen build``)."""
     env = os.environ.get("FLASHGEN_CACHE_DIR")
@@ -170,7 +202,8 @@ def cache_root() -> Path:
 
 def _reset_for_tests() -> None:
     """Forget memoized lookups (tests change the environment between cases)."""
-    global _matrix_cache, _manifest_cache
+    global _matrix_cache, _manifest_cache, _stamp
     _matrix_cache = None
     _manifest_cache = None
+    _stamp = None
     binary.cache_clear()

@@ -88,7 +88,11 @@ def target_archs(device: int | None = None) -> tuple[list[_arch.Arch], str]:
 
 
 def cache_dir(version: str, archs: list[_arch.Arch]) -> Path:
-    return _install.cache_root() / version / _arch.arch_key(archs)
+    """``<cache>/<version>/<arch key>``; a source checkout adds a stamp of its sources to the
+    version folder (``0.1.0+src.<hash>``)."""
+    stamp = _install.source_stamp()
+    folder = version if stamp is None else f"{version}+src.{stamp}"
+    return _install.cache_root() / folder / _arch.arch_key(archs)
 
 
 def _where_flags(params: Mapping[str, Any]) -> list[str]:
@@ -274,9 +278,9 @@ def _compile(entry: Entry, module: str, params: Mapping[str, Any], variant: Vari
                 f"compiling {what}: flashgen printed no usable build summary ({exc!r}).\n\n"
                 f"command: {shlex.join(cmd)}\n---- stdout ----\n{proc.stdout.strip()}\n----------------"
             ) from None
-        toolchain: dict[str, Any] = {}
+        toolchain: dict[str, Any] = dict(summary.get("toolchain") or {})
         with_manifest = out / "manifest.json"
-        if with_manifest.is_file():
+        if not toolchain and with_manifest.is_file():
             try:
                 toolchain = dict(json.loads(with_manifest.read_text()).get("toolchain") or {})
             except ValueError:

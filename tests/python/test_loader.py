@@ -728,3 +728,29 @@ def test_batch_plans_keep_the_page_table_order(fake_torch: Any) -> None:
     assert calls[1][4:7] == (indptr.data_ptr(), indices.data_ptr(), last.data_ptr())
     assert calls[1][7:22] == (4, 32, 8, 64, 16, 32 * 64, 64, 2 * 16 * 8 * 64, 16 * 8 * 64, 8 * 64, 64, 32 * 64, 64, 0, 0)
     assert len(flashgen._decode._BATCH_PLANS) == 1
+
+
+def test_checkout_sources_key_the_jit_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a source checkout an edited kernel gets a new cache folder (the version alone would
+    load the binary of the old source)."""
+    from flashgen import _install, _loader
+
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "include" / "flashgen").mkdir(parents=True)
+    (tmp_path / "variants.json").write_text("{}")
+    kernel = tmp_path / "include" / "flashgen" / "decode.cuh"
+    kernel.write_text("// v1\n")
+    monkeypatch.setattr(_install, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(_install, "is_installed", lambda: False)
+    archs = _arch.parse_arch_list("9.0a")
+    _install._reset_for_tests()
+    before = _loader.cache_dir("0.1.0", archs)
+    assert before.parent.name.startswith("0.1.0+src.") and before.name == "sm_90a"
+    _install._reset_for_tests()
+    assert _loader.cache_dir("0.1.0", archs) == before, "stable while nothing changes"
+    kernel.write_text("// v2, longer\n")
+    _install._reset_for_tests()
+    assert _loader.cache_dir("0.1.0", archs) != before
+    monkeypatch.setattr(_install, "is_installed", lambda: True)
+    _install._reset_for_tests()
+    assert _loader.cache_dir("0.1.0", archs).parent.name == "0.1.0", "a wheel keys by its version"
