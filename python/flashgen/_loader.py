@@ -66,6 +66,7 @@ class Loaded:
 
 _memo: dict[tuple[Any, ...], Loaded] = {}
 _memo_lock = threading.Lock()
+_key_locks: dict[tuple[Any, ...], threading.Lock] = {}
 _verified_aot: set[str] = set()
 
 
@@ -113,7 +114,9 @@ def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit
-    with _memo_lock:
+    with _memo_lock:  # one lock per instance: a long compile does not hold up other instances
+        key_lock = _key_locks.setdefault(memo_key, threading.Lock())
+    with key_lock:
         hit = _memo.get(memo_key)
         if hit is None:
             hit = _load(module, dict(params), variant, targets, arch_arg, prefer_aot)
