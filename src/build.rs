@@ -156,6 +156,11 @@ impl<'m> Builder<'m> {
             .collect()
     }
 
+    /// Every source and header file the build hashed, with the sha256 it compiled against.
+    pub fn hashed_inputs(&self) -> Vec<(PathBuf, String)> {
+        self.hasher.hashed()
+    }
+
     pub fn command(&self, p: &Prepared, output: &Path) -> NvccCommand {
         NvccCommand::new(
             &self.toolchain,

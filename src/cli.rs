@@ -33,7 +33,7 @@ pub enum Command {
     /// List the instances of the matrix (module, URI, parameters, precompiled, cached).
     ListVariants(ListArgs),
     /// Print the matrix as the Python loader reads it (modules, axes, variants, instances).
-    Describe,
+    Describe(DescribeArgs),
     /// Write each selected instance's generated header (or, with --dispatch, one dispatching
     /// header per module) and compile_commands.json.
     Generate(GenerateArgs),
@@ -57,6 +57,13 @@ pub struct ListArgs {
     /// Architectures for the "cached" column (as for build).
     #[arg(long, value_name = "LIST")]
     pub arch: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// JSON, the only format (accepted for symmetry with the other commands).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

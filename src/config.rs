@@ -148,11 +148,19 @@ pub struct VariantsFile {
 
 /// Reads and parses a JSON file, turning serde's error into `file:line:column: message`.
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    parse_json(path, &read_text(path)?)
+}
+
+pub fn read_text(path: &Path) -> Result<String> {
+    Ok(std::fs::read_to_string(path).map_err(|e| {
         UsageError::new(format!("cannot read {}: {e}", path.display()))
             .with_hint("run flashgen in the folder that holds variants.json, or pass --config PATH")
-    })?;
-    serde_json::from_str(&text).map_err(|e| {
+    })?)
+}
+
+/// Parses `text`, read from `path`, reporting errors as `path:line:column: message`.
+pub fn parse_json<T: for<'de> Deserialize<'de>>(path: &Path, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| {
         UsageError::new(format!(
             "{}:{}:{}: {}",
             path.display(),

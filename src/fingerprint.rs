@@ -82,6 +82,15 @@ impl SourceHasher {
         )
     }
 
+    /// Every file hashed so far, with its sha256.
+    pub fn hashed(&self) -> Vec<(PathBuf, String)> {
+        let files = self.files.lock().unwrap();
+        files
+            .iter()
+            .map(|(p, i)| (p.clone(), i.sha.clone()))
+            .collect()
+    }
+
     /// Every project file `source` reaches, with its sha256; the generated header is walked from
     /// its text, since each instance has its own.
     pub fn inputs(&self, source: &Path, generated: &str) -> Result<BTreeMap<String, String>> {

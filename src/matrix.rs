@@ -153,8 +153,9 @@ impl Module {
 /// The whole validated matrix and its expansion into instances.
 #[derive(Debug)]
 pub struct Matrix {
-    /// The config file as given.
+    /// The config file as given, and the exact text that was parsed (what a wheel ships).
     pub config_path: PathBuf,
+    pub config_text: String,
     /// The folder holding `variants.json`, `csrc/` and `include/`.
     pub root: PathBuf,
     pub archs: Vec<String>,
@@ -169,17 +170,19 @@ pub struct Matrix {
 impl Matrix {
     /// Reads, validates and expands `variants.json` plus any `--variants-file`s.
     pub fn load(config_path: &Path, variants_files: &[PathBuf]) -> Result<Matrix> {
-        let file: ConfigFile = config::read_json(config_path)?;
+        let text = config::read_text(config_path)?;
+        let file: ConfigFile = config::parse_json(config_path, &text)?;
         let mut extra = Vec::new();
         for path in variants_files {
             let vf: VariantsFile = config::read_json(path)?;
             extra.push((path.clone(), vf));
         }
-        Self::from_config(config_path, file, extra)
+        Self::from_config(config_path, text, file, extra)
     }
 
     fn from_config(
         config_path: &Path,
+        config_text: String,
         file: ConfigFile,
         extra: Vec<(PathBuf, VariantsFile)>,
     ) -> Result<Matrix> {
@@ -322,6 +325,7 @@ impl Matrix {
 
         Ok(Matrix {
             config_path: config_path.to_path_buf(),
+            config_text,
             root,
             archs: file.archs,
             nvcc_flags: file.nvcc_flags,

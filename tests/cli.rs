@@ -801,9 +801,9 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
         "flashgen/_src/include/toy/variants/plain.cuh".into(),
         "flashgen/_src/include/toy/variants/scaled.cuh".into(),
         "flashgen/_src/variants.json".into(),
-        "flashgen-0.1.0.data/scripts/flashgen".into(),
         "flashgen-0.1.0.dist-info/METADATA".into(),
         "flashgen-0.1.0.dist-info/WHEEL".into(),
+        "flashgen-0.1.0.dist-info/entry_points.txt".into(),
         "flashgen-0.1.0.dist-info/RECORD".into(),
     ];
     assert_eq!(wheel_names(&a), expected);

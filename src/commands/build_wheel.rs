@@ -1,11 +1,13 @@
 //! `flashgen build-wheel`: the AOT build, packaged with the loader, the sources and this binary.
 //!
 //! The wheel's `.so` files come from the same `Builder::build` as `flashgen build` and the
-//! runtime JIT, so a precompiled instance and a JIT-compiled one are the same bytes.
+//! runtime JIT, so a precompiled instance and a JIT-compiled one are the same bytes. The sources
+//! and `variants.json` ship as the bytes this run read, checked against what it compiled.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
 
 use crate::build::BuildReport;
 use crate::cli::WheelArgs;
@@ -14,7 +16,7 @@ use crate::matrix::Matrix;
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
 
-/// Where each part lives inside the installed package; the Python loader reads the same names.
+/// The Python package; the loader reads `_aot/`, `_data/`, `_src/` and `_bin/` inside it.
 const PACKAGE: &str = "flashgen";
 
 pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
@@ -26,13 +28,19 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         filter.aot = true;
     }
     let selected = filter.select(matrix)?;
+    let mut sources = Vec::new();
+    for dir in ["csrc", "include"] {
+        collect_tree(
+            &matrix.root.join(dir),
+            &format!("{PACKAGE}/_src/{dir}"),
+            &mut sources,
+        )?;
+    }
     let builder = super::builder(matrix, c.arch.as_deref(), !c.no_compress)?;
-    let report = builder.build(
-        &selected,
-        &super::build::options(c, &builder, args.build_dir.clone()),
-        &ui,
-    )?;
+    let opts = super::build::options(c, &builder, args.build_dir.clone());
+    let report = builder.build(&selected, &opts, &ui)?;
     super::build::finish(&report, &ui, &args.build_dir)?;
+    check_sources_unchanged(&builder.hashed_inputs(), &sources)?;
 
     let binary = match &args.binary {
         Some(p) => p.clone(),
@@ -57,7 +65,15 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     };
     // The .so files are loaded through ctypes, never as Python extensions: any CPython 3.
     let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform.tag));
-    add_tree(&mut w, &matrix.root.join("python").join(PACKAGE), PACKAGE)?;
+    let mut python = Vec::new();
+    collect_tree(
+        &matrix.root.join("python").join(PACKAGE),
+        PACKAGE,
+        &mut python,
+    )?;
+    for f in python.into_iter().chain(sources) {
+        w.add_bytes(&f.archive, f.bytes, f.executable)?;
+    }
     add_aot(&mut w, &report, &args.build_dir)?;
     let describe = super::describe::describe_json(matrix);
     w.add_bytes(
@@ -65,28 +81,25 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         serde_json::to_vec_pretty(&describe)?,
         false,
     )?;
-    w.add_file(
+    w.add_bytes(
         &format!("{PACKAGE}/_src/variants.json"),
-        &matrix.config_path,
+        matrix.config_text.clone().into_bytes(),
+        false,
     )?;
-    for dir in ["csrc", "include"] {
-        add_tree(
-            &mut w,
-            &matrix.root.join(dir),
-            &format!("{PACKAGE}/_src/{dir}"),
-        )?;
-    }
+    // The binary ships once; the `flashgen` command is a console script that execs it.
     w.add_bytes(
         &format!("{PACKAGE}/_bin/flashgen"),
         std::fs::read(&binary)?,
         true,
     )?;
-    w.add_script("flashgen", &binary)?;
-
-    let written = w.write(
-        &std::path::absolute(&args.out)?,
-        wheel::source_date_epoch_from_env()?,
+    w.add_bytes(
+        &format!("{}/entry_points.txt", w.dist_info_dir()?),
+        format!("[console_scripts]\nflashgen = {PACKAGE}.__main__:main\n").into_bytes(),
+        false,
     )?;
+
+    let out = std::path::absolute(&args.out)?;
+    let written = w.write(&out, wheel::source_date_epoch_from_env()?)?;
     ui.status(format!(
         "wrote {} ({}, sha256 {}, {} precompiled instances, tag {})",
         written.path.display(),
@@ -134,8 +147,18 @@ fn add_aot(w: &mut WheelBuilder, report: &BuildReport, build_dir: &Path) -> Resu
     )
 }
 
-/// Every file under `dir` (sorted, caches and bytecode left out) as `prefix/<relative path>`.
-fn add_tree(w: &mut WheelBuilder, dir: &Path, prefix: &str) -> Result<()> {
+/// A file read into memory for the wheel.
+struct Snapshot {
+    path: PathBuf,
+    archive: String,
+    bytes: Vec<u8>,
+    executable: bool,
+}
+
+/// Every file under `dir` (sorted; caches, bytecode and dot files left out) as
+/// `prefix/<relative path>`.
+fn collect_tree(dir: &Path, prefix: &str, out: &mut Vec<Snapshot>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read {}", dir.display()))?
         .collect::<std::io::Result<_>>()?;
@@ -148,9 +171,33 @@ fn add_tree(w: &mut WheelBuilder, dir: &Path, prefix: &str) -> Result<()> {
         let path = e.path();
         let archive = format!("{prefix}/{name}");
         if e.file_type()?.is_dir() {
-            add_tree(w, &path, &archive)?;
+            collect_tree(&path, &archive, out)?;
         } else {
-            w.add_file(&archive, &path)?;
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let executable = e.metadata()?.permissions().mode() & 0o111 != 0;
+            out.push(Snapshot {
+                path,
+                archive,
+                bytes,
+                executable,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Fails when a file the build compiled differs from the copy the wheel ships: an edit landed
+/// while the wheel was building.
+fn check_sources_unchanged(hashed: &[(PathBuf, String)], sources: &[Snapshot]) -> Result<()> {
+    for (path, sha) in hashed {
+        if let Some(s) = sources.iter().find(|s| &s.path == path) {
+            if format!("{:x}", Sha256::digest(&s.bytes)) != *sha {
+                bail!(
+                    "{} changed while the wheel was building; run build-wheel again",
+                    path.display()
+                );
+            }
         }
     }
     Ok(())

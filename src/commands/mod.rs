@@ -23,7 +23,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let load = || Matrix::load(&cli.config, &cli.variants_files);
     match &cli.command {
         Command::ListVariants(a) => list_variants::run(&load()?, a),
-        Command::Describe => describe::run(&load()?),
+        Command::Describe(_) => describe::run(&load()?),
         Command::Generate(a) => generate::run(&load()?, a),
         Command::Build(a) => build::run(&load()?, a),
         Command::BuildWheel(a) => build_wheel::run(&load()?, a),
