@@ -373,6 +373,33 @@ def test_custom_variant_rfc_flash_sigmoid(module):
         check(o, lse, ref_o, ref_lse, n_eff, "bf16", f"{module} {CUSTOM} n={n}")
 
 
+@pytest.mark.parametrize("variant", ["default", "sigmoid"])
+def test_single_decode_reuses_one_workspace(variant):
+    """Split-KV calls back to back on one workspace, first filled with garbage (0xff bytes):
+    the in-kernel merge must neither trust stale completion flags nor leave any behind."""
+    lib, codes = find_instance("single_decode", dtype="bf16", head_dim=128, variant=variant)
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(11)
+    hkv, h, d = 2, 8, 128
+    sizes = {n: lib.workspace_size("single_decode", h, hkv, n, d) for n in (32768, 1000, 129)}
+    ws = torch.full((max(sizes.values()),), 255, dtype=torch.uint8, device=dev)
+    for i, n in enumerate([32768, 32768, 1000, 32768, 129, 1000]):
+        q = torch.randn(h, d, generator=gen, device=dev).to(torch.bfloat16)
+        k = torch.randn(n, hkv, d, generator=gen, device=dev).to(torch.bfloat16)
+        v = torch.randn(n, hkv, d, generator=gen, device=dev).to(torch.bfloat16)
+        params = variant_params(variant, n, h, dev, random.Random(i))
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((h,), float("nan"), device=dev)
+        st = pack_params(variant, params)
+        lib.single_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                          h, hkv, n, d, q.stride(0), k.stride(0), k.stride(1), v.stride(0),
+                          v.stride(1), o.stride(0), codes["dtype"], codes["variant"],
+                          1 / math.sqrt(d), _ptr(st), ws.data_ptr(), sizes[n],
+                          torch.cuda.current_stream().cuda_stream)
+        ref_o, ref_lse, n_eff = reference_decode(q, k, v, variant, 1 / math.sqrt(d), params)
+        check(o, lse, ref_o, ref_lse, n_eff, "bf16", f"reuse {variant} call {i} n={n}")
+
+
 def test_errors_are_statuses_not_crashes():
     lib, codes = find_instance("single_decode", dtype="bf16", head_dim=128, variant="default")
     dev = torch.device("cuda")
