@@ -1,30 +1,22 @@
 /**
- * @brief single_decode: the C entry points of one request's decode (split-KV over kv_len, the
- * merge of the splits folded into the decode kernel).
+ * @brief single_decode: the C entry points of one request's decode (split-KV over kv_len).
  *
  * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
  * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
  */
 #include <flashgen_instance.cuh>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdio>
-#include <unistd.h>
 
 #include "flashgen/abi.h"
 #include "flashgen/decode.cuh"
 #include "flashgen/decode_traits.cuh"
 #include "flashgen/launch.cuh"
+#include "flashgen/merge.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/status.cuh"
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
-
-#ifndef FLASHGEN_SINGLE_DECODE_PDL
-#define FLASHGEN_SINGLE_DECODE_PDL 1
-#endif
 
 namespace {
 
@@ -44,57 +36,21 @@ struct Args {
 };
 
 struct Plan {
-  int64_t splits, chunk, head_slices, units, workspace, flags_offset;
+  int64_t splits, chunk, head_slices, workspace;
 };
 
-// Split-KV plan of one request: enough splits that (kv head units x splits) fill
-// FLASHGEN_SINGLE_DECODE_SLOTS_PCT percent of the resident-block slots, chunks of at least
-// FLASHGEN_DECODE_MIN_CHUNK tokens. Workspace: partial outputs and weights (decode_traits.cuh),
-// then one 64-bit completion flag per (unit, split) at a 16-byte aligned offset.
-#ifndef FLASHGEN_SINGLE_DECODE_SLOTS_PCT
-#define FLASHGEN_SINGLE_DECODE_SLOTS_PCT 100
-#endif
 template <int HEAD_DIM>
 int make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, Plan* plan) {
   using Traits = decode::DecodeTraits<HEAD_DIM>;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
-  plan->units = num_kv_heads * plan->head_slices;
-  const int64_t slots = dev.sm_count * decode::blocks_per_sm<Traits>(dev.smem_per_sm);
-  int64_t splits = decode::ceil_div(slots * FLASHGEN_SINGLE_DECODE_SLOTS_PCT,
-                                    100 * std::max<int64_t>(plan->units, 1));
-  splits = std::min(splits, decode::ceil_div(kv_len, decode::kMinChunkTokens));
-  splits = std::max<int64_t>(1, std::min(splits, decode::kMaxSplits));
+  const int64_t units = num_kv_heads * plan->head_slices;
+  const int64_t splits = decode::plan_splits<Traits>(units, kv_len, dev.sm_count, dev.smem_per_sm);
   plan->chunk = decode::chunk_tokens(kv_len, splits);
   plan->splits = decode::ceil_div(kv_len, plan->chunk);
-  plan->workspace = 0;
-  plan->flags_offset = 0;
-  if (plan->splits > 1) {
-    const int64_t parts = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
-    plan->flags_offset = decode::ceil_div(parts, 16) * 16;
-    plan->workspace = plan->flags_offset + plan->units * plan->splits * 8;
-  }
+  plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
   return FLASHGEN_OK;
-}
-
-/** A fresh 64-bit tag per call (never 0): the value split flags must hold to count. */
-uint64_t next_call_tag() {
-  static std::atomic<uint64_t> seq{0};
-  static const uint64_t salt = [] {
-    uint64_t x = static_cast<uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
-    x ^= static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&seq)) << 17;
-    x ^= static_cast<uint64_t>(getpid()) << 40;
-    return x;
-  }();
-  for (;;) {
-    uint64_t z = salt + seq.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64 finalizer
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    if (z != 0) return z;
-  }
 }
 
 int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
@@ -143,7 +99,6 @@ int run(const Args& a) {
   if (int st = make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, &plan)) return st;
   float* part_o = nullptr;
   float* part_w = nullptr;
-  uint64_t* flags = nullptr;
   if (plan.workspace > 0) {
     if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
       return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
@@ -154,7 +109,6 @@ int run(const Args& a) {
     }
     part_o = static_cast<float*>(a.workspace);
     part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
-    flags = reinterpret_cast<uint64_t*>(static_cast<char*>(a.workspace) + plan.flags_offset);
   }
 
   DeviceInfo dev;
@@ -162,19 +116,21 @@ int run(const Args& a) {
   auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
   static std::atomic<uint64_t> smem_done{0};
   if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
-#if FLASHGEN_SINGLE_DECODE_HEADS_FAST
-  const dim3 grid(static_cast<uint32_t>(plan.units), static_cast<uint32_t>(plan.splits));
-#else
-  const dim3 grid(static_cast<uint32_t>(plan.splits), static_cast<uint32_t>(plan.units));
-#endif
-  // One kernel: the split merge runs in the last block of each head group (decode.cuh,
-  // finish_splits). On sm_90 it is a programmatic dependent launch: its blocks may be scheduled
-  // while the previous kernel drains, and wait for it before touching memory.
-  return launch("single_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
-                a.stream, FLASHGEN_SINGLE_DECODE_PDL && dev.major >= 9, p, part_o, part_w, flags,
-                plan.splits > 1 ? next_call_tag() : uint64_t{0},
-                static_cast<uint32_t>(plan.chunk), static_cast<uint32_t>(plan.head_slices),
-                static_cast<uint32_t>(plan.splits));
+  const dim3 grid(static_cast<uint32_t>(plan.splits),
+                  static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+  if (int st = launch("single_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
+                      a.stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
+                      static_cast<uint32_t>(plan.head_slices))) {
+    return st;
+  }
+  if (plan.splits > 1) {
+    decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
+    return launch("single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
+                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, a.stream, dev.major >= 9, p,
+                  static_cast<const float*>(part_o), static_cast<const float*>(part_w),
+                  static_cast<uint32_t>(plan.splits), out);
+  }
+  return FLASHGEN_OK;
 }
 
 }  // namespace

@@ -330,158 +330,17 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   }
 }
 
-/**
- * Split-KV finish inside the decode kernel (single_decode): every block of a head group has
- * written its partial result; each but the group's last split publishes a flag holding this
- * call's tag and leaves; the last split (the highest block index of the group, so all of its
- * peers were dispatched before it) waits for the flags, merges the partials by log-sum-exp as
- * merge.cuh does, writes the output and the LSE, and sets the flags back to zero for the next
- * call. `part_o` / `part_w` point at split 0 of the group's first head; splits are
- * `split_stride` rows apart. Needs no zeroed memory: a flag counts only when it equals `tag`,
- * a 64-bit value the host draws afresh for every call.
- */
-template <typename Traits, typename Variant, typename Params>
-__device__ __forceinline__ void finish_splits(const Params& params, Variant& variant,
-                                              const float* part_o, const float* part_w,
-                                              int64_t split_stride, uint64_t* flags, uint64_t tag,
-                                              uint32_t split, uint32_t num_splits,
-                                              uint32_t head0, uint32_t num_heads,
-                                              typename Params::DTypeO* o, int64_t o_stride_h,
-                                              float* lse, uint8_t* smem) {
-  using DTypeO = typename Params::DTypeO;
-  constexpr bool kSoftmax = Variant::use_softmax;
-  constexpr int kH = Traits::kHeadsPerBlock;
-  constexpr int kD = Traits::kHeadDim;
-  constexpr int kLanes = kD / 4;  // float4 per head row
-  constexpr int kCols = kH * kLanes;
-  constexpr int kPer = (kCols + Traits::kThreads - 1) / Traits::kThreads;
-
-  __syncthreads();  // every thread's partial writes are issued (and the combine buffer is free)
-  if (split + 1 != num_splits) {
-    // The fence and the release store are cumulative over the block's writes ordered before
-    // them by the barrier.
-    if (threadIdx.x == 0) {
-      __threadfence();
-      ptx::st_release_gpu(flags + split, tag);
-    }
-    return;
-  }
-  const uint32_t lane = threadIdx.x & 31;
-  const uint32_t warp = threadIdx.x >> 5;
-  if (warp == 0) {
-    for (;;) {
-      bool done = true;
-      for (uint32_t s = lane; s + 1 < num_splits; s += 32) {
-        done = done && ptx::ld_acquire_gpu(flags + s) == tag;
-      }
-      if (__all_sync(0xffffffffu, done)) break;
-    }
-    __threadfence();
-  }
-  __syncthreads();
-  for (uint32_t s = threadIdx.x; s + 1 < num_splits; s += Traits::kThreads) flags[s] = 0;
-
-  float* scale = reinterpret_cast<float*>(smem + Traits::kVariantSmemBytes);  // [split][kH]
-  float* head_den = scale + num_splits * kH;                                  // [kH]
-  float* head_m = head_den + kH;                                              // [kH]
-  for (uint32_t h = warp; h < num_heads; h += Traits::kWarps) {
-    float mx = -math::inf;
-    for (uint32_t s = lane; s < num_splits; s += 32) {
-      const float w = __ldcg(part_w + s * split_stride + h);
-      scale[s * kH + h] = w;
-      mx = fmaxf(mx, w);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float m_ref = (!kSoftmax || mx == -math::inf) ? 0.f : mx;
-    float sum = 0.f;
-    for (uint32_t s = lane; s < num_splits; s += 32) {
-      const float w = scale[s * kH + h];
-      const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
-      sum += kSoftmax ? sc : w;
-      scale[s * kH + h] = sc;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) {
-      head_den[h] = sum;
-      head_m[h] = m_ref;
-    }
-  }
-  __syncthreads();
-
-  float4 acc[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4* src = reinterpret_cast<const float4*>(part_o);
-#pragma unroll 8
-  for (uint32_t s = 0; s < num_splits; ++s) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const uint32_t col = threadIdx.x + i * Traits::kThreads;
-      const uint32_t h = col / kLanes;
-      if (col < kCols && h < num_heads) {
-        const float4 x = __ldcg(src + (s * split_stride + h) * kLanes + col % kLanes);
-        const float sc = scale[s * kH + h];
-        acc[i].x += sc * x.x;
-        acc[i].y += sc * x.y;
-        acc[i].z += sc * x.z;
-        acc[i].w += sc * x.w;
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const uint32_t col = threadIdx.x + i * Traits::kThreads;
-    const uint32_t h = col / kLanes;
-    if (col < kCols && h < num_heads) {
-      const float den = head_den[h];
-      const float inv = kSoftmax ? (den > 0.f ? 1.f / den : 0.f) : 1.f;
-      const float v4[4] = {acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv};
-      DTypeO* row = o + h * o_stride_h + (col % kLanes) * 4;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        row[c] = from_float<DTypeO>(
-            hooks::output_transform(variant, params, v4[c], 0, 0, head0 + h));
-      }
-    }
-  }
-  if (lse != nullptr) {
-    for (uint32_t h = threadIdx.x; h < num_heads; h += Traits::kThreads) {
-      const float den = head_den[h];
-      lse[h] = kSoftmax ? (den > 0.f ? (head_m[h] + math::ptx_log2(den)) * math::ln2 : -math::inf)
-                        : logf(den);
-    }
-  }
-}
-
-/**
- * Grid (head unit, split) with FLASHGEN_SINGLE_DECODE_HEADS_FAST (the default: the kv heads of
- * one token range run side by side, so the DRAM rows they share are read together), else
- * (split, head unit). One request held densely (NHD or HND by strides). With num_splits > 1 the
- * partials go to the workspace and the group's last split merges them (finish_splits).
- */
-#ifndef FLASHGEN_SINGLE_DECODE_HEADS_FAST
-#define FLASHGEN_SINGLE_DECODE_HEADS_FAST 1
-#endif
+/** Block (split, kv_head * head_slices): one request held densely (NHD or HND by strides). */
 template <typename Traits, typename Variant, typename Params>
 __global__ void __launch_bounds__(Traits::kThreads)
     single_decode_kernel(const __grid_constant__ Params params, float* part_o, float* part_w,
-                         uint64_t* flags, uint64_t tag, uint32_t chunk, uint32_t num_head_slices,
-                         uint32_t num_splits) {
+                         uint32_t chunk, uint32_t num_head_slices) {
   extern __shared__ __align__(128) uint8_t smem[];
-  // Launched as a programmatic dependent on sm_90: wait for the kernel before (it may write
-  // q/k/v, or read o/workspace) before touching global memory; let the next one get scheduled.
-  ptx::wait_prerequisite_grid();
-  ptx::launch_dependents();
+  ptx::launch_dependents();  // the merge kernel may be scheduled; it waits for this grid
   using DTypeKV = typename Params::DTypeKV;
-#if FLASHGEN_SINGLE_DECODE_HEADS_FAST
-  const uint32_t unit = blockIdx.x, split = blockIdx.y;
-#else
-  const uint32_t split = blockIdx.x, unit = blockIdx.y;
-#endif
-  const uint32_t kv_head = unit / num_head_slices;
-  const uint32_t slice = unit % num_head_slices;
+  const uint32_t split = blockIdx.x;
+  const uint32_t kv_head = blockIdx.y / num_head_slices;
+  const uint32_t slice = blockIdx.y % num_head_slices;
   const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;
   const uint32_t first = slice * Traits::kHeadsPerBlock;
   const uint32_t num_heads = min(Traits::kHeadsPerBlock, group_size - first);
@@ -504,12 +363,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
   decode_block<Traits>(params, variant, kv, params.q + head0 * params.q_stride_h,
                        params.q_stride_h, 0, kv_head, head0, num_heads, begin, end, smem, out);
-  if (part_o != nullptr) {
-    finish_splits<Traits>(params, variant, part_o + static_cast<int64_t>(head0) * Traits::kHeadDim,
-                          part_w + head0, params.num_qo_heads,
-                          flags + static_cast<int64_t>(unit) * num_splits, tag, split,
-                          num_splits, head0, num_heads, out.o, out.o_stride_h, out.lse, smem);
-  }
 }
 
 /** Block (split, request, kv_head * head_slices) over a paged cache of PAGE_SIZE tokens a page. */

@@ -59,18 +59,6 @@ __device__ __forceinline__ void wait_prerequisite_grid() {
 #endif
 }
 
-/** Release store of a 64-bit flag, GPU scope: writes before it are seen by an acquiring reader. */
-__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t x) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(x) : "memory");
-}
-
-/** Acquire load of a 64-bit flag, GPU scope. */
-__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
-  uint64_t x;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(x) : "l"(p) : "memory");
-  return x;
-}
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
