@@ -332,16 +332,11 @@ impl<'m> Builder<'m> {
                 .to_string_lossy()
                 .into_owned()
         };
-        json!({
-            "uri": b.inst.uri,
-            "module": self.matrix.module(b.inst).name,
-            "params": self.matrix.params_json(b.inst),
-            "codes": self.matrix.codes_json(b.inst),
-            "aot": b.inst.aot,
-            "fingerprint": b.key,
-            "path": path,
-            "sha256": b.entry.sha256,
-        })
+        let mut row = self.matrix.instance_json(b.inst);
+        row.insert("fingerprint".into(), json!(b.key));
+        row.insert("path".into(), json!(path));
+        row.insert("sha256".into(), json!(b.entry.sha256));
+        Json::Object(row)
     }
 }
 

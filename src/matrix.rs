@@ -353,6 +353,17 @@ impl Matrix {
             .map(|(a, &i)| (a, &a.values[i]))
     }
 
+    /// The fields every JSON view of an instance shares: `uri`, `module`, `params`, `codes`, `aot`.
+    pub fn instance_json(&self, inst: &Instance) -> serde_json::Map<String, Json> {
+        let mut m = serde_json::Map::new();
+        m.insert("uri".into(), Json::from(inst.uri.as_str()));
+        m.insert("module".into(), Json::from(self.module(inst).name.as_str()));
+        m.insert("params".into(), self.params_json(inst));
+        m.insert("codes".into(), self.codes_json(inst));
+        m.insert("aot".into(), Json::from(inst.aot));
+        m
+    }
+
     pub fn params_json(&self, inst: &Instance) -> Json {
         Json::Object(
             self.params(inst)

@@ -31,15 +31,7 @@ pub fn describe_json(matrix: &Matrix) -> Value {
     let instances: Vec<Value> = matrix
         .instances
         .iter()
-        .map(|i| {
-            json!({
-                "uri": i.uri,
-                "module": matrix.module(i).name,
-                "params": matrix.params_json(i),
-                "codes": matrix.codes_json(i),
-                "aot": i.aot,
-            })
-        })
+        .map(|i| Value::Object(matrix.instance_json(i)))
         .collect();
     json!({
         "flashgen_version": env!("CARGO_PKG_VERSION"),

@@ -22,14 +22,9 @@ pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
             .iter()
             .zip(&cached)
             .map(|(i, c)| {
-                json!({
-                    "uri": i.uri,
-                    "module": matrix.module(i).name,
-                    "params": matrix.params_json(i),
-                    "codes": matrix.codes_json(i),
-                    "aot": i.aot,
-                    "built": c,
-                })
+                let mut row = matrix.instance_json(i);
+                row.insert("built".into(), json!(c));
+                row
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
