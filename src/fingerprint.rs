@@ -30,6 +30,8 @@ pub struct SourceHasher {
     /// Folders searched for `#include <...>`, in order, after the generated header's folder.
     include_dirs: Vec<PathBuf>,
     files: Mutex<HashMap<PathBuf, Arc<FileInfo>>>,
+    closures: Mutex<HashMap<PathBuf, Arc<Closure>>>,
+    resolved: Mutex<HashMap<(String, bool), Option<PathBuf>>>,
 }
 
 impl SourceHasher {
@@ -38,6 +40,8 @@ impl SourceHasher {
             root: root.to_path_buf(),
             include_dirs,
             files: Mutex::default(),
+            closures: Mutex::default(),
+            resolved: Mutex::default(),
         }
     }
 
@@ -94,34 +98,71 @@ impl SourceHasher {
     /// Every project file `source` reaches, with its sha256; the generated header is walked from
     /// its text, since each instance has its own.
     pub fn inputs(&self, source: &Path, generated: &str) -> Result<BTreeMap<String, String>> {
-        let mut out = BTreeMap::new();
-        let mut seen = HashSet::new();
-        let mut stack = vec![source.to_path_buf()];
-        let mut walk_generated = false;
-        while let Some(path) = stack.pop() {
-            if !seen.insert(path.clone()) {
-                continue;
-            }
-            let info = self.info(&path)?;
-            out.insert(self.logical(&path), info.sha.clone());
-            for (name, quoted) in &info.includes {
-                if name == HEADER_NAME {
-                    walk_generated = true;
-                } else if let Some(p) = self.resolve(name, *quoted, Some(&path)) {
-                    stack.push(p);
-                }
-            }
-            if walk_generated {
-                walk_generated = false;
-                for (name, quoted) in scan_includes(generated) {
-                    if let Some(p) = self.resolve(&name, quoted, None) {
-                        stack.push(p);
-                    }
+        let c = self.closure(source)?;
+        let mut out: BTreeMap<String, String> = c.files.iter().cloned().collect();
+        if c.includes_generated {
+            for (name, quoted) in scan_includes(generated) {
+                if let Some(p) = self.resolve_angle(&name, quoted) {
+                    out.extend(self.closure(&p)?.files.iter().cloned());
                 }
             }
         }
         Ok(out)
     }
+
+    /// The files reachable from `start` (itself included), computed once per file per run.
+    fn closure(&self, start: &Path) -> Result<Arc<Closure>> {
+        if let Some(c) = self.closures.lock().unwrap().get(start) {
+            return Ok(c.clone());
+        }
+        let mut files = Vec::new();
+        let mut includes_generated = false;
+        let mut seen = HashSet::new();
+        let mut stack = vec![start.to_path_buf()];
+        while let Some(path) = stack.pop() {
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            let info = self.info(&path)?;
+            files.push((self.logical(&path), info.sha.clone()));
+            for (name, quoted) in &info.includes {
+                if name == HEADER_NAME {
+                    includes_generated = true;
+                } else if let Some(p) = self.resolve(name, *quoted, Some(&path)) {
+                    stack.push(p);
+                }
+            }
+        }
+        let c = Arc::new(Closure {
+            files,
+            includes_generated,
+        });
+        self.closures
+            .lock()
+            .unwrap()
+            .insert(start.to_path_buf(), c.clone());
+        Ok(c)
+    }
+
+    /// `resolve` for includes of the generated header (no including folder), memoized: every
+    /// instance's header names the same few variant headers.
+    fn resolve_angle(&self, name: &str, quoted: bool) -> Option<PathBuf> {
+        let key = (name.to_string(), quoted);
+        if let Some(hit) = self.resolved.lock().unwrap().get(&key) {
+            return hit.clone();
+        }
+        let found = self.resolve(name, quoted, None);
+        self.resolved.lock().unwrap().insert(key, found.clone());
+        found
+    }
+}
+
+/// What one file reaches through `#include`.
+struct Closure {
+    /// `(logical name, sha256)` of each file, the start included.
+    files: Vec<(String, String)>,
+    /// Whether the walk met `<flashgen_instance.cuh>`, whose includes differ per instance.
+    includes_generated: bool,
 }
 
 /// `#include <x>` / `#include "x"` lines. Conditional includes count too: a key that is

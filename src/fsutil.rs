@@ -16,6 +16,9 @@ pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool> {
     Ok(true)
 }
 
+/// Temp file, then rename: a killed process leaves the old file or the new one, never half of
+/// one. No fsync: these files (headers, records, manifests) are cheap to regenerate, and syncing
+/// each of 10,000 small files dominated a cold build.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -27,7 +30,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     // tempfile creates 0600; these files are meant to be read by others (like any build output).
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    tmp.as_file().sync_all()?;
     tmp.persist(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())

@@ -19,6 +19,7 @@ pub mod fingerprint;
 pub mod fsutil;
 pub mod instance;
 pub mod matrix;
+pub mod stamp;
 pub mod toolchain;
 pub mod ui;
 pub mod wheel;

@@ -891,3 +891,54 @@ fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
         );
     }
 }
+
+#[test]
+fn unchanged_rebuild_takes_the_stamp_and_a_missing_or_failed_output_does_not() {
+    let t = Tree::new("toy");
+    let sel = [
+        "--where",
+        "dtype=bf16",
+        "--where",
+        "width=32",
+        "--where",
+        "fast=true",
+        "--where",
+        "mode=sum",
+    ];
+    let first = build_json(&t, "out", &sel);
+    assert_eq!(first["built"], 2);
+    assert!(t.path("out/.flashgen-stamp").is_file());
+    let noop = build_json(&t, "out", &sel);
+    assert_eq!(
+        (noop["built"].as_u64(), noop["cached"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert_eq!(
+        noop["instances"], first["instances"],
+        "the fast path reports what the build wrote"
+    );
+
+    // An output removed by hand is put back (from the cache, no compile).
+    let gone = PathBuf::from(first["instances"][0]["path"].as_str().unwrap());
+    std::fs::remove_file(&gone).unwrap();
+    let back = build_json(&t, "out", &sel);
+    assert_eq!(back["cached"], 2);
+    assert!(gone.is_file());
+
+    // A failed build removes the stamp, so reverting the edit cannot resurrect a stale vouch.
+    let h = t.path("include/toy/variants/scaled.cuh");
+    let good = std::fs::read_to_string(&h).unwrap();
+    std::fs::write(&h, "#pragma once\n#error broken\n").unwrap();
+    let o = t
+        .cmd()
+        .args(["build", "--out", "out"])
+        .args(sel)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!t.path("out/.flashgen-stamp").exists());
+    std::fs::write(&h, good).unwrap();
+    let again = build_json(&t, "out", &sel);
+    assert_eq!(again["cached"], 2);
+    assert!(t.path("out/.flashgen-stamp").is_file());
+}
