@@ -22,21 +22,7 @@ namespace {
 
 using namespace flashgen;
 
-struct Args {
-  const void* q;
-  const void* paged_kv;
-  void* o;
-  float* lse;
-  const int32_t *kv_indptr, *kv_indices, *kv_last_page_len;
-  int64_t batch_size, num_qo_heads, num_kv_heads;
-  int64_t q_stride_b, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
-  int64_t o_stride_b, o_stride_h;
-  float sm_scale;
-  const void* additional_params;
-  void* workspace;
-  int64_t workspace_bytes;
-  cudaStream_t stream;
-};
+using Args = FlashgenBatchDecodeArgs;
 
 struct Plan {
   int64_t splits, head_slices, workspace;
@@ -45,16 +31,14 @@ struct Plan {
 // Request lengths live on the device, so the plan depends on the batch shape alone; each block
 // cuts its own request into `splits` chunks.
 template <int HEAD_DIM>
-int make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads, Plan* plan) {
+void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
+               const DeviceInfo& dev, Plan* plan) {
   using Traits = decode::DecodeTraits<HEAD_DIM>;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
   plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
   const int64_t units = batch_size * num_kv_heads * plan->head_slices;
   plan->splits = decode::plan_splits<Traits>(units, 0, dev.sm_count, dev.smem_per_sm);
   plan->workspace =
       decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
-  return FLASHGEN_OK;
 }
 
 int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) {
@@ -76,7 +60,7 @@ int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) 
 }
 
 template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
-int run(const Args& a) {
+int run(const Args& a, const DeviceInfo& dev) {
   using Params = BatchDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   using Traits = decode::DecodeTraits<HEAD_DIM>;
@@ -105,9 +89,7 @@ int run(const Args& a) {
   p.sm_scale = a.sm_scale;
 
   Plan plan;
-  if (int st = make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, &plan)) {
-    return st;
-  }
+  make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
   float* part_o = nullptr;
   float* part_w = nullptr;
   const int64_t rows = a.batch_size * a.num_qo_heads;
@@ -123,15 +105,14 @@ int run(const Args& a) {
     part_w = part_o + plan.splits * rows * HEAD_DIM;
   }
 
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
   auto kernel = decode::batch_decode_kernel<Traits, PAGE_SIZE, Variant, Params>;
   static std::atomic<uint64_t> smem_done{0};
   if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
   const dim3 grid(static_cast<uint32_t>(plan.splits), static_cast<uint32_t>(a.batch_size),
                   static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+  const auto stream = static_cast<cudaStream_t>(a.stream);
   if (int st = launch("batch_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
-                      a.stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.splits),
+                      stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.splits),
                       static_cast<uint32_t>(plan.head_slices))) {
     return st;
   }
@@ -139,7 +120,7 @@ int run(const Args& a) {
     decode::MergeOutput<DType> out{p.o,          p.lse,          p.o_stride_b,
                                    p.o_stride_h, p.num_qo_heads, static_cast<uint32_t>(rows)};
     return launch("batch_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
-                  dim3(static_cast<uint32_t>(rows)), decode::kMergeThreads, 0, a.stream,
+                  dim3(static_cast<uint32_t>(rows)), decode::kMergeThreads, 0, stream,
                   dev.major >= 9, p, static_cast<const float*>(part_o),
                   static_cast<const float*>(part_w), static_cast<uint32_t>(plan.splits), out);
   }
@@ -155,11 +136,14 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_s
                                                                  int64_t* bytes) {
   if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: bytes is NULL");
   if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
   int status = -1;
   DISPATCH_head_dim(head_dim, kHeadDim, {
     Plan plan;
-    status = make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, &plan);
-    if (status == FLASHGEN_OK) *bytes = plan.workspace;
+    make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
+    *bytes = plan.workspace;
+    status = FLASHGEN_OK;
   });
   if (status < 0) {
     return fail(FLASHGEN_NO_INSTANCE, "batch_decode: this binary holds no head_dim %lld",
@@ -168,42 +152,33 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_s
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_batch_decode(
-    const void* q, const void* paged_kv, void* o, float* lse, const int32_t* kv_indptr,
-    const int32_t* kv_indices, const int32_t* kv_last_page_len, int64_t batch_size,
-    int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, int64_t page_size,
-    int64_t q_stride_b, int64_t q_stride_h, int64_t kv_stride_page, int64_t kv_stride_kv,
-    int64_t kv_stride_n, int64_t kv_stride_h, int64_t o_stride_b, int64_t o_stride_h,
-    int64_t dtype_code, int64_t variant_code, float sm_scale, const void* additional_params,
-    void* workspace, int64_t workspace_bytes, void* stream) {
-  if (q == nullptr || paged_kv == nullptr || o == nullptr || kv_indptr == nullptr ||
-      kv_indices == nullptr || kv_last_page_len == nullptr) {
+extern "C" FLASHGEN_API int flashgen_batch_decode(const FlashgenBatchDecodeArgs* args) {
+  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: args is NULL");
+  const Args& a = *args;
+  if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
+      a.kv_indices == nullptr || a.kv_last_page_len == nullptr) {
     return fail(FLASHGEN_INVALID_ARGUMENT,
                 "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
                 "not be NULL");
   }
-  if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
-  if (!aligned16(paged_kv) || !vec_stride(kv_stride_page) || !vec_stride(kv_stride_kv) ||
-      !vec_stride(kv_stride_n) || !vec_stride(kv_stride_h)) {
+  if (int st = check_shape(a.batch_size, a.num_qo_heads, a.num_kv_heads)) return st;
+  if (!aligned16(a.paged_kv) || !vec_stride(a.kv_stride_page) || !vec_stride(a.kv_stride_kv) ||
+      !vec_stride(a.kv_stride_n) || !vec_stride(a.kv_stride_h)) {
     return fail(FLASHGEN_INVALID_ARGUMENT,
                 "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
                 "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
-                paged_kv, static_cast<long long>(kv_stride_page),
-                static_cast<long long>(kv_stride_kv), static_cast<long long>(kv_stride_n),
-                static_cast<long long>(kv_stride_h));
+                a.paged_kv, static_cast<long long>(a.kv_stride_page),
+                static_cast<long long>(a.kv_stride_kv), static_cast<long long>(a.kv_stride_n),
+                static_cast<long long>(a.kv_stride_h));
   }
-  const Args a{q,           paged_kv,       o,              lse,
-               kv_indptr,   kv_indices,     kv_last_page_len, batch_size,
-               num_qo_heads, num_kv_heads,  q_stride_b,     q_stride_h,
-               kv_stride_page, kv_stride_kv, kv_stride_n,   kv_stride_h,
-               o_stride_b,  o_stride_h,     sm_scale,       additional_params,
-               workspace,   workspace_bytes, static_cast<cudaStream_t>(stream)};
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
   int status = -1;
-  DISPATCH_dtype(dtype_code, DType, {
-    DISPATCH_head_dim(head_dim, kHeadDim, {
-      DISPATCH_page_size(page_size, kPageSize, {
-        DISPATCH_variant(variant_code, Tag, {
-          status = run<DType, kHeadDim, kPageSize, Tag>(a);
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_page_size(a.page_size, kPageSize, {
+        DISPATCH_variant(a.variant_code, Tag, {
+          status = run<DType, kHeadDim, kPageSize, Tag>(a, dev);
         });
       });
     });
@@ -212,8 +187,8 @@ extern "C" FLASHGEN_API int flashgen_batch_decode(
     return fail(FLASHGEN_NO_INSTANCE,
                 "batch_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
                 "page_size %lld, variant code %lld",
-                static_cast<long long>(dtype_code), static_cast<long long>(head_dim),
-                static_cast<long long>(page_size), static_cast<long long>(variant_code));
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.page_size), static_cast<long long>(a.variant_code));
   }
   return status;
 }

@@ -22,35 +22,23 @@ namespace {
 
 using namespace flashgen;
 
-struct Args {
-  const void *q, *k, *v;
-  void* o;
-  float* lse;
-  int64_t num_qo_heads, num_kv_heads, kv_len;
-  int64_t q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, o_stride_h;
-  float sm_scale;
-  const void* additional_params;
-  void* workspace;
-  int64_t workspace_bytes;
-  cudaStream_t stream;
-};
+using Args = FlashgenSingleDecodeArgs;
 
 struct Plan {
   int64_t splits, chunk, head_slices, workspace;
 };
 
+// Integer arithmetic over the cached properties of the current device (no CUDA calls).
 template <int HEAD_DIM>
-int make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, Plan* plan) {
+void make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, const DeviceInfo& dev,
+               Plan* plan) {
   using Traits = decode::DecodeTraits<HEAD_DIM>;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
   plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
   const int64_t units = num_kv_heads * plan->head_slices;
   const int64_t splits = decode::plan_splits<Traits>(units, kv_len, dev.sm_count, dev.smem_per_sm);
   plan->chunk = decode::chunk_tokens(kv_len, splits);
   plan->splits = decode::ceil_div(kv_len, plan->chunk);
   plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
-  return FLASHGEN_OK;
 }
 
 int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
@@ -72,7 +60,7 @@ int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
 }
 
 template <typename DType, int HEAD_DIM, typename Tag>
-int run(const Args& a) {
+int run(const Args& a, const DeviceInfo& dev) {
   using Params = SingleDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   using Traits = decode::DecodeTraits<HEAD_DIM>;
@@ -96,7 +84,7 @@ int run(const Args& a) {
   p.sm_scale = a.sm_scale;
 
   Plan plan;
-  if (int st = make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, &plan)) return st;
+  make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
   float* part_o = nullptr;
   float* part_w = nullptr;
   if (plan.workspace > 0) {
@@ -111,22 +99,21 @@ int run(const Args& a) {
     part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
   }
 
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
   auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
   static std::atomic<uint64_t> smem_done{0};
   if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
   const dim3 grid(static_cast<uint32_t>(plan.splits),
                   static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+  const auto stream = static_cast<cudaStream_t>(a.stream);
   if (int st = launch("single_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
-                      a.stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
+                      stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
                       static_cast<uint32_t>(plan.head_slices))) {
     return st;
   }
   if (plan.splits > 1) {
     decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
     return launch("single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
-                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, a.stream, dev.major >= 9, p,
+                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, stream, dev.major >= 9, p,
                   static_cast<const float*>(part_o), static_cast<const float*>(part_w),
                   static_cast<uint32_t>(plan.splits), out);
   }
@@ -142,11 +129,14 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo
                                                                   int64_t* bytes) {
   if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: bytes is NULL");
   if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
   int status = -1;
   DISPATCH_head_dim(head_dim, kHeadDim, {
     Plan plan;
-    status = make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, &plan);
-    if (status == FLASHGEN_OK) *bytes = plan.workspace;
+    make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
+    *bytes = plan.workspace;
+    status = FLASHGEN_OK;
   });
   if (status < 0) {
     return fail(FLASHGEN_NO_INSTANCE, "single_decode: this binary holds no head_dim %lld",
@@ -155,39 +145,35 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_single_decode(
-    const void* q, const void* k, const void* v, void* o, float* lse, int64_t num_qo_heads,
-    int64_t num_kv_heads, int64_t kv_len, int64_t head_dim, int64_t q_stride_h,
-    int64_t k_stride_n, int64_t k_stride_h, int64_t v_stride_n, int64_t v_stride_h,
-    int64_t o_stride_h, int64_t dtype_code, int64_t variant_code, float sm_scale,
-    const void* additional_params, void* workspace, int64_t workspace_bytes, void* stream) {
-  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) {
+extern "C" FLASHGEN_API int flashgen_single_decode(const FlashgenSingleDecodeArgs* args) {
+  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: args is NULL");
+  const Args& a = *args;
+  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
     return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: q, k, v and o must not be NULL");
   }
-  if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
-  if (!aligned16(k) || !aligned16(v) || !vec_stride(k_stride_n) || !vec_stride(k_stride_h) ||
-      !vec_stride(v_stride_n) || !vec_stride(v_stride_h)) {
+  if (int st = check_shape(a.num_qo_heads, a.num_kv_heads, a.kv_len)) return st;
+  if (!aligned16(a.k) || !aligned16(a.v) || !vec_stride(a.k_stride_n) ||
+      !vec_stride(a.k_stride_h) || !vec_stride(a.v_stride_n) || !vec_stride(a.v_stride_h)) {
     return fail(FLASHGEN_INVALID_ARGUMENT,
                 "single_decode: k and v must be 16-byte aligned with strides that are multiples "
                 "of 8 elements (k %p strides %lld,%lld; v %p strides %lld,%lld)",
-                k, static_cast<long long>(k_stride_n), static_cast<long long>(k_stride_h), v,
-                static_cast<long long>(v_stride_n), static_cast<long long>(v_stride_h));
+                a.k, static_cast<long long>(a.k_stride_n), static_cast<long long>(a.k_stride_h),
+                a.v, static_cast<long long>(a.v_stride_n), static_cast<long long>(a.v_stride_h));
   }
-  const Args a{q, k, v, o, lse, num_qo_heads, num_kv_heads, kv_len, q_stride_h, k_stride_n,
-               k_stride_h, v_stride_n, v_stride_h, o_stride_h, sm_scale, additional_params,
-               workspace, workspace_bytes, static_cast<cudaStream_t>(stream)};
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
   int status = -1;
-  DISPATCH_dtype(dtype_code, DType, {
-    DISPATCH_head_dim(head_dim, kHeadDim, {
-      DISPATCH_variant(variant_code, Tag, { status = run<DType, kHeadDim, Tag>(a); });
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_variant(a.variant_code, Tag, { status = run<DType, kHeadDim, Tag>(a, dev); });
     });
   });
   if (status < 0) {
     return fail(FLASHGEN_NO_INSTANCE,
                 "single_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
                 "variant code %lld",
-                static_cast<long long>(dtype_code), static_cast<long long>(head_dim),
-                static_cast<long long>(variant_code));
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.variant_code));
   }
   return status;
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <cuda_runtime.h>
@@ -83,29 +84,46 @@ inline int allow_smem(Kernel kernel, const DeviceInfo& dev, int bytes, std::atom
 }
 
 /**
- * Launches `kernel`; with `dependent` (sm_90+) as a programmatic dependent launch, so that its
- * launch overlaps the tail of the kernel before it (which must be waited on in the kernel with
- * griddepcontrol.wait; see merge.cuh).
+ * Launches `kernel`. A plain launch (cudaLaunchKernel) unless `dependent` (sm_90+), which makes it
+ * a programmatic dependent launch, so that its launch overlaps the tail of the kernel before it
+ * (which must be waited on in the kernel with griddepcontrol.wait; see merge.cuh). The launch's
+ * status is its return value; a failure also clears this runtime's sticky last error, so that a
+ * later call does not report it again.
  */
 template <typename... KernelArgs, typename... Args>
 inline int launch(const char* what, void (*kernel)(KernelArgs...), dim3 grid, int threads,
                   int smem, cudaStream_t stream, bool dependent, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  static_assert(sizeof...(KernelArgs) == sizeof...(Args), "launch: wrong number of arguments");
+  cudaError_t err;
+  if (dependent) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  } else {
+    // The kernel's own parameter types, converted once, then their addresses.
+    std::tuple<std::decay_t<KernelArgs>...> values(std::forward<Args>(args)...);
+    err = std::apply(
+        [&](auto&... v) {
+          void* argv[] = {static_cast<void*>(&v)...};
+          return cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(threads),
+                                  argv, static_cast<size_t>(smem), stream);
+        },
+        values);
+  }
   if (err != cudaSuccess) {
+    cudaGetLastError();
     return fail(FLASHGEN_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err),
                 cudaGetErrorName(err));
   }
-  return check_launch(what);
+  return FLASHGEN_OK;
 }
 
 /** Copies the caller's additional-params struct (laid out as ADDITIONAL_PARAMS_DECL). */

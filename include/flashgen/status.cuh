@@ -28,16 +28,6 @@ inline int fail(int status, const char* fmt, ...) {
   return status;
 }
 
-/** Checks the launch that just happened (asynchronous errors surface on a later call). */
-inline int check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return fail(FLASHGEN_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorString(err),
-                cudaGetErrorName(err));
-  }
-  return FLASHGEN_OK;
-}
-
 template <typename T>
 constexpr const char* dtype_name();
 template <>
