@@ -9,51 +9,122 @@ caller's current CUDA stream with the caller's framework allocating the output.
 from __future__ import annotations
 
 import ctypes
+import struct
+import threading
 from typing import Any
 
 from . import _common as C
+from . import _cuda
+from ._errors import KernelError
+from ._kernels import ARGS_STRUCTS, CALL_FIELDS, FlashgenError
 from ._tensor import allocator_for, describe, torch_tensor_type
-from ._variant import Variant
+from ._variant import ParamPacker, Variant
 
 __all__ = ["single_decode", "batch_decode"]
 
+_addressof = ctypes.addressof
 
-def _addr(struct: Any) -> int | None:
-    return ctypes.addressof(struct) if struct is not None else None
+
+class _Plan:
+    """Everything a validated call derived from its arguments, ready to launch again: the entry
+    point, a template of its arguments struct with every constant field filled (sizes, strides,
+    codes, sm_scale), and how to read the rest (stream, workspace, outputs, variant parameters).
+
+    A launch writes the per-call fields (the leading block of 8-byte words: addresses, stream,
+    additional params, workspace) into a struct of the calling thread's own, made once per thread
+    from the template, and passes its address: threads sharing a plan never share a struct.
+    """
+
+    __slots__ = ("what", "module", "loaded", "fn", "args_type", "template", "tls", "pack",
+                 "packer", "stream", "alloc", "ptr_of", "device", "ws_bytes", "dtype", "lse_shape",
+                 "guard")
+
+    def __init__(self, what: str, module: str, loaded: Any, fields: dict[str, Any],
+                 packer: ParamPacker | None, fw: Any, alloc: Any, device: int, ws_bytes: int,
+                 dtype: str, lse_shape: tuple[int, ...] | None) -> None:
+        self.what = what
+        self.module = module
+        self.loaded = loaded
+        self.fn = loaded.kernels.entry(module)
+        self.args_type = ARGS_STRUCTS[module]
+        self.template = bytes(self.args_type(**fields))
+        self.tls = threading.local()
+        self.pack = struct.Struct(f"@{len(CALL_FIELDS[module]) - 1}Qq").pack_into
+        self.packer = packer if packer is not None and packer.struct_type is not None else None
+        self.stream = fw.stream_getter()
+        self.alloc = alloc
+        self.ptr_of = alloc.ptr
+        self.device = device
+        self.ws_bytes = ws_bytes
+        self.dtype = dtype
+        self.lse_shape = lse_shape
+        self.guard = _cuda.needs_guard()
+
+    def _bind(self) -> tuple[Any, int]:
+        """This thread's arguments struct (a copy of the template) and its address."""
+        a = self.args_type.from_buffer_copy(self.template)
+        s = self.tls.s = (a, _addressof(a))
+        return s
+
+    def run(self, out: Any, o_ptr: int, shape: Any, variant_params: dict[str, Any], *ptrs: int) -> Any:
+        """Launch on the current stream with inputs ``ptrs`` (in the struct's order) and output
+        ``out`` at ``o_ptr`` (allocated here when ``out`` is None)."""
+        device = self.device
+        params = None
+        ap = 0
+        if self.packer is not None:
+            what = self.what
+            params, keep = self.packer.pack(variant_params, what, device,
+                                            lambda x, n: describe(x, f"{what}: {n}"))
+            ap = _addressof(params)
+        stream = self.stream(device)
+        if self.ws_bytes:
+            ws, ws_size = C.WORKSPACES.get(self.alloc, device, stream, self.ws_bytes, self.what)
+        else:
+            ws = ws_size = 0
+        if out is None:
+            out = self.alloc.empty(shape, self.dtype, device, self.what)
+            o_ptr = self.ptr_of(out)
+        lse = None
+        lse_ptr = 0
+        if self.lse_shape is not None:
+            lse = self.alloc.empty(self.lse_shape, "f32", device, self.what)
+            lse_ptr = self.ptr_of(lse)
+        try:
+            a, addr = self.tls.s
+        except AttributeError:
+            a, addr = self._bind()
+        self.pack(a, 0, *ptrs, o_ptr, lse_ptr, stream, ap, ws, ws_size)
+        if self.guard:
+            pushed = _cuda.push_device(device)
+            try:
+                status = self.fn(addr)
+            finally:
+                if pushed:
+                    _cuda.pop_device()
+        else:
+            status = self.fn(addr)
+        if status:
+            self._fail(status)
+        del params  # the additional params are read during the call only
+        return (out, lse) if lse is not None else out
+
+    def _fail(self, status: int) -> None:
+        kern = self.loaded.kernels
+        exc = FlashgenError(status, f"flashgen_{self.module}", kern.last_error(), kern.path)
+        raise KernelError(f"{self.what} ({self.loaded.uri}): {exc}") from None
 
 
 # Per-call plans for plain torch tensors: a call whose tensors have the shapes, strides, dtypes
-# and devices of an earlier validated call (and the same options) reuses everything derived from
-# them and only reads the data pointers and the current stream. The key holds every input the
+# and devices of an earlier validated call (and the same options) reuses its plan and only reads
+# the data pointers, the current stream and the variant parameters. The key holds every input the
 # checks read, so a plan never skips a check that could fail.
-_SINGLE_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-_BATCH_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_SINGLE_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_BATCH_PLANS: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 4096
 
 
-def _tkey(t: Any) -> tuple[Any, ...]:
-    return (t.shape, t.stride(), t.dtype, t.get_device())
-
-
-def _run_plan(what: str, plan: tuple[Any, ...], ptrs: tuple[int, ...], shape: Any, out: Any,
-              variant_params: dict[str, Any], after: tuple[int, ...] = ()) -> Any:
-    """Launch with a remembered plan: pointers ``ptrs``, then the output and LSE, then ``after``."""
-    fn, loaded, packer, fw, alloc, device, ws_bytes, mid, tail, dtype, lse_shape = plan
-    struct = keep = None
-    if packer is not None:
-        struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
-    stream = fw.stream(device)
-    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what) if ws_bytes else (0, 0)
-    o = out if out is not None else alloc.empty(shape, dtype, device, what)
-    lse = alloc.empty(lse_shape, "f32", device, what) if lse_shape is not None else None
-    C.launch(what, loaded, device, fn, *ptrs, o.data_ptr(), lse.data_ptr() if lse is not None else None,
-             *after, *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
-    del keep
-    return (o, lse) if lse is not None else o
-
-
-def _remember(plans: dict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...] | None,
-              plan: tuple[Any, ...]) -> None:
+def _remember(plans: dict[tuple[Any, ...], _Plan], key: tuple[Any, ...] | None, plan: _Plan) -> None:
     if key is not None:
         if len(plans) >= _MAX_PLANS:
             plans.clear()
@@ -95,16 +166,22 @@ def single_decode(
     key = None
     tt = torch_tensor_type()
     if tt is not None and q.__class__ is tt and k.__class__ is tt and v.__class__ is tt:
-        okey = None if out is None else (out.__class__ is tt and _tkey(out))
-        key = (_tkey(q), _tkey(k), _tkey(v), okey, kv_layout, variant, sm_scale, return_lse,
-               tuple(variant_params))
+        if out is None:
+            okey: Any = None
+        elif out.__class__ is tt:
+            okey = (out.shape, out.stride(), out.dtype, out.get_device())
+        else:
+            okey = False
+        key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
+               k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), okey, kv_layout,
+               variant, sm_scale, return_lse, tuple(variant_params) if variant_params else ())
         try:
             plan = _SINGLE_PLANS.get(key)
         except TypeError:  # an unhashable argument: the checked path reports it
             plan = key = None
         if plan is not None:
-            return _run_plan(what, plan, (q.data_ptr(), k.data_ptr(), v.data_ptr()), q.shape, out,
-                             variant_params)
+            return plan.run(out, 0 if out is None else out.data_ptr(), q.shape, variant_params,
+                            q.data_ptr(), k.data_ptr(), v.data_ptr())
         if okey is False:
             key = None
     layout = C.check_layout(what, kv_layout)
@@ -134,29 +211,23 @@ def single_decode(
         C.check_out(what, "out", ts["out"], tq.shape, dtype, device)
     vname, custom, packer = C.resolve_variant(what, "single_decode", variant, variant_params)
     params = {"dtype": dtype, "head_dim": head_dim, "variant": vname}
-    struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
+    packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
     loaded = C.instance_for(what, "single_decode", params, custom, device)
-    kern = loaded.kernels
     codes = loaded.codes
-    stream = fw.stream(device)
     alloc = allocator_for(fw)
 
     ws_bytes = C.workspace_bytes(what, loaded, "single_decode", num_qo_heads, num_kv_heads, kv_len, head_dim)
-    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what)
     o = out if out is not None else alloc.empty(tq.shape, dtype, device, what)
     to = ts["out"] if out is not None else alloc.describe(o, "out")
-    lse = alloc.empty((num_qo_heads,), "f32", device, what) if return_lse else None
-    lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
-    mid = (num_qo_heads, num_kv_heads, kv_len, head_dim, tq.strides[0], k_sn, k_sh, v_sn, v_sh,
-           to.strides[0], codes["dtype"], codes["variant"])
-    tail = (C.default_sm_scale(head_dim, sm_scale),)
-    C.launch(what, loaded, device, kern.single_decode, tq.ptr, tk.ptr, tv.ptr, to.ptr, lse_ptr,
-             *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
-    del keep
-    _remember(_SINGLE_PLANS, key, (kern.single_decode, loaded, packer if packer.struct_type else None,
-                                   fw, alloc, device, ws_bytes, mid, tail, dtype,
-                                   (num_qo_heads,) if return_lse else None))
-    return (o, lse) if return_lse else o
+    fields = dict(num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, kv_len=kv_len, head_dim=head_dim,
+                  q_stride_h=tq.strides[0], k_stride_n=k_sn, k_stride_h=k_sh, v_stride_n=v_sn, v_stride_h=v_sh,
+                  o_stride_h=to.strides[0], dtype_code=codes["dtype"], variant_code=codes["variant"],
+                  sm_scale=C.default_sm_scale(head_dim, sm_scale))
+    plan = _Plan(what, "single_decode", loaded, fields, packer, fw, alloc, device, ws_bytes, dtype,
+                 (num_qo_heads,) if return_lse else None)
+    res = plan.run(o, to.ptr, tq.shape, variant_params, tq.ptr, tk.ptr, tv.ptr)
+    _remember(_SINGLE_PLANS, key, plan)
+    return res
 
 
 def batch_decode(
@@ -194,17 +265,24 @@ def batch_decode(
     tt = torch_tensor_type()
     if (tt is not None and q.__class__ is tt and paged_kv_cache.__class__ is tt and kv_indptr.__class__ is tt
             and kv_indices.__class__ is tt and kv_last_page_len.__class__ is tt):
-        okey = None if out is None else (out.__class__ is tt and _tkey(out))
-        key = (_tkey(q), _tkey(paged_kv_cache), _tkey(kv_indptr), _tkey(kv_indices), _tkey(kv_last_page_len),
-               okey, kv_layout, variant, sm_scale, return_lse, tuple(variant_params))
+        if out is None:
+            okey: Any = None
+        elif out.__class__ is tt:
+            okey = (out.shape, out.stride(), out.dtype, out.get_device())
+        else:
+            okey = False
+        c, ip, ix, ln = paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len
+        key = (q.shape, q.stride(), q.dtype, q.get_device(), c.shape, c.stride(), c.dtype, c.get_device(),
+               ip.shape, ip.stride(), ip.dtype, ip.get_device(), ix.shape, ix.stride(), ix.dtype,
+               ix.get_device(), ln.shape, ln.stride(), ln.dtype, ln.get_device(), okey, kv_layout, variant,
+               sm_scale, return_lse, tuple(variant_params) if variant_params else ())
         try:
             plan = _BATCH_PLANS.get(key)
         except TypeError:
             plan = key = None
         if plan is not None:
-            ptrs = (q.data_ptr(), paged_kv_cache.data_ptr())
-            tables = (kv_indptr.data_ptr(), kv_indices.data_ptr(), kv_last_page_len.data_ptr())
-            return _run_plan(what, plan, ptrs, q.shape, out, variant_params, tables)
+            return plan.run(out, 0 if out is None else out.data_ptr(), q.shape, variant_params,
+                            q.data_ptr(), c.data_ptr(), ip.data_ptr(), ix.data_ptr(), ln.data_ptr())
         if okey is False:
             key = None
     layout = C.check_layout(what, kv_layout)
@@ -248,27 +326,22 @@ def batch_decode(
         C.check_out(what, "out", ts["out"], tq.shape, dtype, device)
     vname, custom, packer = C.resolve_variant(what, "batch_decode", variant, variant_params)
     params = {"dtype": dtype, "head_dim": head_dim, "page_size": page_size, "variant": vname}
-    struct, keep = packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))
+    packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
     loaded = C.instance_for(what, "batch_decode", params, custom, device)
-    kern = loaded.kernels
     codes = loaded.codes
-    stream = fw.stream(device)
     alloc = allocator_for(fw)
 
     ws_bytes = C.workspace_bytes(what, loaded, "batch_decode", batch, num_qo_heads, num_kv_heads, head_dim)
-    ws_ptr, ws_size = C.WORKSPACES.get(alloc, device, stream, ws_bytes, what)
     o = out if out is not None else alloc.empty(tq.shape, dtype, device, what)
     to = ts["out"] if out is not None else alloc.describe(o, "out")
-    lse = alloc.empty((batch, num_qo_heads), "f32", device, what) if return_lse else None
-    lse_ptr = alloc.describe(lse, "lse").ptr if lse is not None else None
-    mid = (batch, num_qo_heads, num_kv_heads, head_dim, page_size, tq.strides[0], tq.strides[1],
-           s_page, s_kv, s_n, s_h, to.strides[0], to.strides[1], codes["dtype"], codes["variant"])
-    tail = (C.default_sm_scale(head_dim, sm_scale),)
-    C.launch(what, loaded, device, kern.batch_decode, tq.ptr, tkv.ptr, to.ptr, lse_ptr,
-             ts["kv_indptr"].ptr, ts["kv_indices"].ptr, ts["kv_last_page_len"].ptr,
-             *mid, *tail, _addr(struct), ws_ptr, ws_size, stream)
-    del keep
-    _remember(_BATCH_PLANS, key, (kern.batch_decode, loaded, packer if packer.struct_type else None,
-                                  fw, alloc, device, ws_bytes, mid, tail, dtype,
-                                  (batch, num_qo_heads) if return_lse else None))
-    return (o, lse) if return_lse else o
+    fields = dict(batch_size=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  page_size=page_size, q_stride_b=tq.strides[0], q_stride_h=tq.strides[1], kv_stride_page=s_page,
+                  kv_stride_kv=s_kv, kv_stride_n=s_n, kv_stride_h=s_h, o_stride_b=to.strides[0],
+                  o_stride_h=to.strides[1], dtype_code=codes["dtype"], variant_code=codes["variant"],
+                  sm_scale=C.default_sm_scale(head_dim, sm_scale))
+    plan = _Plan(what, "batch_decode", loaded, fields, packer, fw, alloc, device, ws_bytes, dtype,
+                 (batch, num_qo_heads) if return_lse else None)
+    res = plan.run(o, to.ptr, tq.shape, variant_params, tq.ptr, tkv.ptr, ts["kv_indptr"].ptr,
+                   ts["kv_indices"].ptr, ts["kv_last_page_len"].ptr)
+    _remember(_BATCH_PLANS, key, plan)
+    return res

@@ -1,8 +1,10 @@
 """ctypes mirror of include/flashgen/abi.h: binds one kernel module's entry points (stdlib only).
 
 A ``KernelLibrary`` wraps one instance ``.so``. Each entry point the library exports is bound once
-with exact argument types; every pointer (``const void*``, ``float*``, ``int32_t*``, the stream)
-is declared ``c_void_p`` so callers pass plain ints (``tensor.data_ptr()``), the cheapest
+with exact argument types. A kernel entry point (ABI version 2) takes one pointer to its
+arguments struct, mirrored here field for field (``SingleDecodeArgs``, ``BatchDecodeArgs``; the
+test suite checks sizes and offsets against abi.h compiled by the host C compiler); it is
+declared ``c_void_p`` so callers pass the struct's address as a plain int, the cheapest
 conversion ctypes has. A nonzero status raises ``FlashgenError`` carrying
 ``flashgen_last_error()``.
 """
@@ -13,7 +15,7 @@ import ctypes
 from ctypes import c_char_p, c_float, c_int, c_int64, c_void_p
 from typing import Callable, Dict, Sequence, Tuple
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -31,22 +33,65 @@ STATUS_NAMES = {
 _P, _I, _F = c_void_p, c_int64, c_float
 _I64P = ctypes.POINTER(c_int64)
 
+
+class SingleDecodeArgs(ctypes.Structure):
+    """``FlashgenSingleDecodeArgs`` of abi.h: the same fields, types and order."""
+
+    _fields_ = [
+        ("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P), ("stream", _P),
+        ("additional_params", _P), ("workspace", _P), ("workspace_bytes", _I),
+        ("num_qo_heads", _I), ("num_kv_heads", _I), ("kv_len", _I), ("head_dim", _I),
+        ("q_stride_h", _I), ("k_stride_n", _I), ("k_stride_h", _I), ("v_stride_n", _I),
+        ("v_stride_h", _I), ("o_stride_h", _I), ("dtype_code", _I), ("variant_code", _I),
+        ("sm_scale", _F),
+    ]
+
+
+class BatchDecodeArgs(ctypes.Structure):
+    """``FlashgenBatchDecodeArgs`` of abi.h: the same fields, types and order."""
+
+    _fields_ = [
+        ("q", _P), ("paged_kv", _P), ("kv_indptr", _P), ("kv_indices", _P),
+        ("kv_last_page_len", _P), ("o", _P), ("lse", _P), ("stream", _P),
+        ("additional_params", _P), ("workspace", _P), ("workspace_bytes", _I),
+        ("batch_size", _I), ("num_qo_heads", _I), ("num_kv_heads", _I), ("head_dim", _I),
+        ("page_size", _I), ("q_stride_b", _I), ("q_stride_h", _I), ("kv_stride_page", _I),
+        ("kv_stride_kv", _I), ("kv_stride_n", _I), ("kv_stride_h", _I), ("o_stride_b", _I),
+        ("o_stride_h", _I), ("dtype_code", _I), ("variant_code", _I), ("sm_scale", _F),
+    ]
+
+
+# The fields a call rewrites (the leading block of each struct, 8 bytes each, in order): the
+# inputs' and outputs' addresses, the stream, the additional params, the workspace and its size.
+CALL_FIELDS = {
+    "single_decode": ("q", "k", "v", "o", "lse", "stream", "additional_params", "workspace",
+                      "workspace_bytes"),
+    "batch_decode": ("q", "paged_kv", "kv_indptr", "kv_indices", "kv_last_page_len", "o", "lse",
+                     "stream", "additional_params", "workspace", "workspace_bytes"),
+}
+ARGS_STRUCTS = {"single_decode": SingleDecodeArgs, "batch_decode": BatchDecodeArgs}
+
+
+def _check_call_block(module: str) -> None:
+    st = ARGS_STRUCTS[module]
+    got = [(getattr(st, n).offset, getattr(st, n).size) for n in CALL_FIELDS[module]]
+    if got != [(8 * i, 8) for i in range(len(got))]:  # pragma: no cover - a 32-bit platform
+        raise ImportError(f"flashgen: {st.__name__}'s per-call fields are not one block of 8-byte "
+                          f"words on this platform: {got}")
+
+
+for _m in CALL_FIELDS:
+    _check_call_block(_m)
+
 # name -> (restype, argtypes), in the order of abi.h.
 SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
     "flashgen_last_error": (c_char_p, ()),
     "flashgen_abi_version": (c_int, ()),
     "flashgen_single_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
-    # q k v o lse | num_qo_heads num_kv_heads kv_len head_dim q_stride_h k_stride_n k_stride_h
-    # v_stride_n v_stride_h o_stride_h dtype_code variant_code | sm_scale additional_params
-    # workspace workspace_bytes stream
-    "flashgen_single_decode": (c_int, (_P,) * 5 + (_I,) * 12 + (_F, _P, _P, _I, _P)),
+    "flashgen_single_decode": (c_int, (_P,)),  # const FlashgenSingleDecodeArgs*
     "flashgen_single_decode_query": (c_int, (_P, _I, c_char_p, _I)),
     "flashgen_batch_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
-    # q paged_kv o lse kv_indptr kv_indices kv_last_page_len | batch_size num_qo_heads
-    # num_kv_heads head_dim page_size q_stride_b q_stride_h kv_stride_page kv_stride_kv
-    # kv_stride_n kv_stride_h o_stride_b o_stride_h dtype_code variant_code | sm_scale
-    # additional_params workspace workspace_bytes stream
-    "flashgen_batch_decode": (c_int, (_P,) * 7 + (_I,) * 15 + (_F, _P, _P, _I, _P)),
+    "flashgen_batch_decode": (c_int, (_P,)),  # const FlashgenBatchDecodeArgs*
     "flashgen_batch_decode_query": (c_int, (_P, _I, c_char_p, _I)),
 }
 
@@ -111,7 +156,7 @@ class KernelLibrary:
         version = self._fns["flashgen_abi_version"]()
         if version != ABI_VERSION:
             raise OSError(f"{self.path}: ABI version {version}, this package speaks {ABI_VERSION}")
-        # Hot entry points as checked callables taking the C arguments positionally.
+        # Kernel entry points as checked callables taking the arguments struct (or its address).
         for name in ("flashgen_single_decode", "flashgen_batch_decode"):
             if name in self._fns:
                 setattr(self, name[len("flashgen_"):], self._checked(self._fns[name], name))
@@ -131,14 +176,20 @@ class KernelLibrary:
 
     def _checked(self, fn: Callable, entry: str) -> Callable:
         raise_ = self._raise
+        addressof = ctypes.addressof
 
-        def call(*args):
-            status = fn(*args)
+        def call(args) -> None:
+            status = fn(args if args.__class__ is int else addressof(args))
             if status:
                 raise_(status, entry)
 
         call.__name__ = entry
         return call
+
+    def entry(self, name: str) -> Callable:
+        """The bare ctypes function of entry point ``name`` (``flashgen_`` optional): a kernel
+        entry takes the address of its arguments struct and returns the status."""
+        return self._fn(name if name.startswith("flashgen_") else f"flashgen_{name}")
 
     def _fn(self, name: str) -> Callable:
         try:

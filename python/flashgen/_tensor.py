@@ -143,6 +143,14 @@ class Framework:
     def stream(self, device: int) -> int:
         return 0  # the legacy default stream
 
+    def stream_getter(self) -> Callable[[int], int]:
+        """A callable device -> current stream as an int (the fastest this framework has)."""
+        return self.stream
+
+    def ptr(self, obj: Any) -> int:
+        """Address of a tensor this framework allocated (``empty``)."""
+        return self.describe(obj, "output").ptr
+
     def empty(self, shape: Sequence[int], dtype: str, device: int, what: str) -> Any:
         raise TypeError(
             f"{what}: cannot allocate outputs for tensors of this framework (only torch and cupy); "
@@ -184,6 +192,13 @@ class _Torch(Framework):
             return int(self._raw_stream(device))
         return int(self.torch.cuda.current_stream(device).cuda_stream)
 
+    def stream_getter(self) -> Callable[[int], int]:
+        raw = self._raw_stream
+        return raw if raw is not None else self.stream  # the raw getter returns an int
+
+    def ptr(self, obj: Any) -> int:
+        return obj.data_ptr()
+
     def empty(self, shape: Sequence[int], dtype: str, device: int, what: str) -> Any:
         dev = self._devices.get(device)
         if dev is None:
@@ -215,6 +230,9 @@ class _Cupy(Framework):
         except TypeError:  # older cupy: no device argument
             with cuda.Device(device):
                 return int(cuda.get_current_stream().ptr)
+
+    def ptr(self, obj: Any) -> int:
+        return int(obj.data.ptr)
 
     def empty(self, shape: Sequence[int], dtype: str, device: int, what: str) -> Any:
         with self.cupy.cuda.Device(device):

@@ -13,6 +13,7 @@ import hashlib
 import math
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 import flashgen
-from flashgen import _arch, _cache, _common, _tensor, _variant
+from flashgen import _arch, _cache, _common, _kernels, _tensor, _variant
 from flashgen._errors import NoGPUError
 
 from conftest import FakeCudaTensor, RunPy
@@ -431,7 +432,7 @@ def test_aot_hit_is_verified_and_spawns_nothing(run_py: RunPy, installed: Path, 
     assert got["source"] == "aot" and got["uri"] == inst["uri"]
     assert Path(got["path"]) == installed / "flashgen" / "_aot" / inst["path"]
     assert got["sha256"] == inst["sha256"] and got["codes"] == inst["codes"]
-    assert proc.stdout.splitlines()[1] == "1", "the .so loads without a GPU and reports ABI version 1"
+    assert proc.stdout.splitlines()[1] == "2", "the .so loads without a GPU and reports ABI version 2"
 
 
 def test_aot_skipped_when_its_archs_cannot_run(run_py: RunPy, wheel_manifest: dict[str, Any]) -> None:
@@ -670,15 +671,31 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
     calls: list[tuple[Any, ...]] = []
 
     class Kernels:
+        """Records each call's arguments struct as a dict (the variant's first parameter, a float,
+        read through additional_params), as the C entry would read it."""
+
+        path = "/nonexistent"
+
         def workspace_size(self, module: str, *shape: int) -> int:
             return 1 << 20
 
-        def _record(self, *args: Any) -> None:
-            params = args[-4]
-            value = ctypes.c_float.from_address(params).value if params else None
-            calls.append(args[:-4] + (value,) + args[-3:])
+        def last_error(self) -> str:
+            return "fake"
 
-        single_decode = batch_decode = _record
+        def entry(self, module: str) -> Any:
+            args_type = _kernels.ARGS_STRUCTS[module]
+
+            def fn(addr: int) -> int:
+                time.sleep(0)  # let other threads run between the caller's writes and this read
+                a = args_type.from_address(addr)
+                rec = {name: getattr(a, name) for name, _ in args_type._fields_}
+                ap = rec["additional_params"]
+                rec["params"] = ctypes.c_float.from_address(ap).value if ap else None
+                rec["addr"] = addr
+                calls.append(rec)
+                return 0
+
+            return fn
 
     def load(module: str, params: dict[str, Any], variant: Any = None, device: Any = None) -> Any:
         inst = next(i for i in fake_matrix["instances"] if i["module"] == module and i["params"] == params)
@@ -699,10 +716,16 @@ def test_plans_launch_exactly_what_the_checked_path_does(fake_torch: Any) -> Non
         o = flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=cap)
         assert o.shape == (32, 128)
     first, second = calls
-    assert first[:3] == second[:3] == (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    assert first[5:-4] == second[5:-4] == (32, 8, 100, 128, 128, 128, 12800, 128, 12800, 128, 1, 1, pytest.approx(1 / math.sqrt(128)))
-    assert (first[-4], second[-4]) == (30.0, 2.5), "variant parameters are read on every call"
-    assert first[-2:] == second[-2:] and first[-1] == 0xABC
+    ptrs = ("q", "k", "v")
+    assert [first[n] for n in ptrs] == [second[n] for n in ptrs] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    consts = ("num_qo_heads", "num_kv_heads", "kv_len", "head_dim", "q_stride_h", "k_stride_n", "k_stride_h",
+              "v_stride_n", "v_stride_h", "o_stride_h", "dtype_code", "variant_code", "sm_scale")
+    assert ([first[n] for n in consts] == [second[n] for n in consts]
+            == [32, 8, 100, 128, 128, 128, 12800, 128, 12800, 128, 1, 1, pytest.approx(1 / math.sqrt(128))])
+    assert (first["params"], second["params"]) == (30.0, 2.5), "variant parameters are read on every call"
+    assert first["lse"] is None and first["o"] is not None and first["o"] != second["o"]
+    assert first["workspace"] == second["workspace"] and first["workspace_bytes"] == second["workspace_bytes"] >= 1 << 20
+    assert first["stream"] == second["stream"] == 0xABC
     assert len(flashgen._decode._SINGLE_PLANS) == 1
     # Anything the checks read changes the key: a bad call after good ones still fails its check.
     with pytest.raises(ValueError, match="must be a multiple of num_kv_heads"):
@@ -714,7 +737,8 @@ def test_plans_launch_exactly_what_the_checked_path_does(fake_torch: Any) -> Non
     out = T((32, 128), bf16)
     res = flashgen.single_decode(q, k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=1.0, out=out,
                                  return_lse=True)
-    assert res[0] is out and res[1].shape == (32,) and calls[-1][3] == out.data_ptr()
+    assert res[0] is out and res[1].shape == (32,) and calls[-1]["o"] == out.data_ptr()
+    assert calls[-1]["lse"] == res[1].data_ptr()
 
 
 def test_batch_plans_keep_the_page_table_order(fake_torch: Any) -> None:
@@ -724,10 +748,94 @@ def test_batch_plans_keep_the_page_table_order(fake_torch: Any) -> None:
     indptr, indices, last = T((5,), i32), T((10,), i32), T((4,), i32)
     for _ in range(2):
         flashgen.batch_decode(q, cache, indptr, indices, last)
-    assert calls[0][:2] == calls[1][:2] and calls[0][4:] == calls[1][4:]
-    assert calls[1][4:7] == (indptr.data_ptr(), indices.data_ptr(), last.data_ptr())
-    assert calls[1][7:22] == (4, 32, 8, 64, 16, 32 * 64, 64, 2 * 16 * 8 * 64, 16 * 8 * 64, 8 * 64, 64, 32 * 64, 64, 0, 0)
+    assert {n: v for n, v in calls[0].items() if n != "o"} == {n: v for n, v in calls[1].items() if n != "o"}
+    assert [calls[1][n] for n in ("q", "paged_kv", "kv_indptr", "kv_indices", "kv_last_page_len")] == [
+        q.data_ptr(), cache.data_ptr(), indptr.data_ptr(), indices.data_ptr(), last.data_ptr()]
+    consts = ("batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_stride_b", "q_stride_h",
+              "kv_stride_page", "kv_stride_kv", "kv_stride_n", "kv_stride_h", "o_stride_b", "o_stride_h",
+              "dtype_code", "variant_code")
+    assert [calls[1][n] for n in consts] == [
+        4, 32, 8, 64, 16, 32 * 64, 64, 2 * 16 * 8 * 64, 16 * 8 * 64, 8 * 64, 64, 32 * 64, 64, 0, 0]
+    assert calls[1]["sm_scale"] == pytest.approx(1 / 8) and calls[1]["params"] is None
     assert len(flashgen._decode._BATCH_PLANS) == 1
+
+
+def test_threads_sharing_a_plan_never_share_its_struct(fake_torch: Any) -> None:
+    """Two threads calling with one plan (same shapes, different tensors): every launch sees the
+    pointers and parameters of its own call, each thread through a struct of its own."""
+    import threading
+
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    calls = fake_torch.calls
+    flashgen.single_decode(T((32, 128), bf16), T((100, 8, 128), bf16), T((100, 8, 128), bf16),
+                           variant="soft_cap", logits_soft_cap=1.0)  # the plan, from the main thread
+    expected: dict[int, tuple[int, int, int, float]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def worker(w: int) -> None:
+        try:
+            start.wait()
+            for i in range(200):
+                q, k, v = T((32, 128), bf16), T((100, 8, 128), bf16), T((100, 8, 128), bf16)
+                cap = float(w * 1000 + i)
+                expected[q.data_ptr()] = (k.data_ptr(), v.data_ptr(), threading.get_ident(), cap)
+                flashgen.single_decode(q, k, v, variant="soft_cap", logits_soft_cap=cap)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(flashgen._decode._SINGLE_PLANS) == 1, "both threads used the one plan"
+    launched = calls[1:]
+    assert len(launched) == 400
+    addrs: dict[int, set[int]] = {}
+    for rec in launched:
+        k_ptr, v_ptr, ident, cap = expected[rec["q"]]
+        assert (rec["k"], rec["v"], rec["params"]) == (k_ptr, v_ptr, cap), "a launch saw another call's fields"
+        addrs.setdefault(ident, set()).add(rec["addr"])
+    assert all(len(a) == 1 for a in addrs.values()) and len(set.union(*addrs.values())) == 2, addrs
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler (cc)")
+def test_args_structs_mirror_abi_h(tmp_path: Path) -> None:
+    """The ctypes mirrors of the ABI's argument structs have abi.h's size and field offsets, as the
+    host C compiler lays them out (the .so files are built by nvcc's host compiler: same ABI)."""
+    from flashgen import _kernels
+
+    abi = Path(__file__).resolve().parents[2] / "include" / "flashgen" / "abi.h"
+    lines = ["#include <stddef.h>", "#include <stdio.h>", f'#include "{abi}"', "int main(void) {"]
+    expected = []
+    for module, st in _kernels.ARGS_STRUCTS.items():
+        c_name = "Flashgen" + "".join(w.capitalize() for w in module.split("_")) + "Args"
+        lines.append(f'  printf("{c_name} %zu %zu\\n", sizeof({c_name}), _Alignof({c_name}));')
+        expected.append(f"{c_name} {ctypes.sizeof(st)} {ctypes.alignment(st)}")
+        for name, ctype in st._fields_:
+            lines.append(f'  printf("{c_name}.{name} %zu %zu\\n", offsetof({c_name}, {name}), '
+                         f"sizeof((({c_name}*)0)->{name}));")
+            expected.append(f"{c_name}.{name} {getattr(st, name).offset} {ctypes.sizeof(ctype)}")
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")[:-1]
+    assert got == expected
+    # Every field the C structs declare is mirrored, by name (the C compiler rejects a mirror
+    # field abi.h lacks; this catches a C field the mirror lacks).
+    text = abi.read_text()
+    for module, st in _kernels.ARGS_STRUCTS.items():
+        c_name = "Flashgen" + "".join(w.capitalize() for w in module.split("_")) + "Args"
+        body = text[text.index(f"typedef struct {c_name} {{"):text.index(f"}} {c_name};")]
+        import re
+
+        declared = re.findall(r"^\s+[\w\s]+?\**\s*\b(\w+);", body, re.M)
+        assert declared == [n for n, _ in st._fields_], module
+    assert f"#define FLASHGEN_ABI_VERSION {_kernels.ABI_VERSION}" in text
 
 
 def test_checkout_sources_key_the_jit_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
