@@ -22,7 +22,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from flashgen._kernels import KernelLibrary, params_struct  # noqa: E402
+from flashgen._kernels import (  # noqa: E402
+    BatchDecodeArgs, KernelLibrary, SingleDecodeArgs, params_struct)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MATRIX = json.load(open(os.path.join(ROOT, "variants.json")))
@@ -106,13 +107,17 @@ def batch_call(lib, codes, variant, batch, st_setup):
     ws_bytes = lib.workspace_size("batch_decode", batch, HQ, HKV, D)
     ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
     stream = torch.cuda.current_stream().cuda_stream
-    args = (q.data_ptr(), paged.data_ptr(), o.data_ptr(), None, indptr.data_ptr(),
-            indices.data_ptr(), last.data_ptr(), batch, HQ, HKV, D, PS, q.stride(0), q.stride(1),
-            paged.stride(0), paged.stride(1), paged.stride(2), paged.stride(3), o.stride(0),
-            o.stride(1), codes["dtype"], codes["variant"], 1 / math.sqrt(D),
-            ctypes.addressof(st) if st is not None else None, ws.data_ptr(), ws_bytes, stream)
-    fn = lib.batch_decode
-    return lambda: fn(*args), (st, keep, ws)
+    args = BatchDecodeArgs(
+        q=q.data_ptr(), paged_kv=paged.data_ptr(), kv_indptr=indptr.data_ptr(),
+        kv_indices=indices.data_ptr(), kv_last_page_len=last.data_ptr(), o=o.data_ptr(), lse=None,
+        stream=stream, additional_params=ctypes.addressof(st) if st is not None else None,
+        workspace=ws.data_ptr(), workspace_bytes=ws_bytes, batch_size=batch, num_qo_heads=HQ,
+        num_kv_heads=HKV, head_dim=D, page_size=PS, q_stride_b=q.stride(0), q_stride_h=q.stride(1),
+        kv_stride_page=paged.stride(0), kv_stride_kv=paged.stride(1), kv_stride_n=paged.stride(2),
+        kv_stride_h=paged.stride(3), o_stride_b=o.stride(0), o_stride_h=o.stride(1),
+        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=1 / math.sqrt(D))
+    fn, addr = lib.batch_decode, ctypes.addressof(args)
+    return lambda: fn(addr), (st, keep, ws, args)
 
 
 def sdpa_fns(q4, k4, v4):
@@ -223,14 +228,18 @@ def main():
         ws_bytes = lib.workspace_size("single_decode", HQ, HKV, kv_len, D)
         ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
         stream = torch.cuda.current_stream().cuda_stream
-        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), None, HQ, HKV, kv_len, D,
-                D, HKV * D, D, HKV * D, D, D, codes["dtype"], codes["variant"], 1 / math.sqrt(D),
-                None, ws.data_ptr(), ws_bytes, stream)
-        f = lib.single_decode
+        args = SingleDecodeArgs(
+            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=None,
+            stream=stream, additional_params=None, workspace=ws.data_ptr(),
+            workspace_bytes=ws_bytes, num_qo_heads=HQ, num_kv_heads=HKV, kv_len=kv_len,
+            head_dim=D, q_stride_h=D, k_stride_n=HKV * D, k_stride_h=D, v_stride_n=HKV * D,
+            v_stride_h=D, o_stride_h=D, dtype_code=codes["dtype"], variant_code=codes["variant"],
+            sm_scale=1 / math.sqrt(D))
+        f, addr = lib.single_decode, ctypes.addressof(args)
         nbytes = 2 * q.numel() * 2 + 2 * k.numel() * 2
-        row(f"single_decode {kv_len} default", timer(lambda: f(*args)), nbytes, goal)
+        row(f"single_decode {kv_len} default", timer(lambda: f(addr)), nbytes, goal)
         if a.profile:
-            profile_kernels(lambda: f(*args), timer)
+            profile_kernels(lambda: f(addr), timer)
         if a.quick:
             continue
         q4 = q.view(1, HQ, 1, D)
@@ -240,15 +249,16 @@ def main():
             row(f"  {name} single {kv_len}", timer(fn) if callable(fn) else fn, nbytes)
 
     # Host cost of one ctypes call (a call the C side rejects at once: no launch).
-    raw = lib._fns["flashgen_single_decode"]
-    bad = list(args)
-    bad[6] = 3  # num_kv_heads 3 does not divide 32: INVALID_ARGUMENT before any CUDA call
+    raw = lib.entry("single_decode")
+    bad = SingleDecodeArgs.from_buffer_copy(args)
+    bad.num_kv_heads = 3  # does not divide 32: INVALID_ARGUMENT before any CUDA call
+    bad_addr = ctypes.addressof(bad)
     n = 20000
     t0 = time.perf_counter()
     for _ in range(n):
-        raw(*bad)
+        raw(bad_addr)
     host_us = (time.perf_counter() - t0) / n * 1e6
-    print(f"ctypes call of flashgen_single_decode (22 args, rejected): {host_us:.2f} us",
+    print(f"ctypes call of flashgen_single_decode (args struct, rejected): {host_us:.2f} us",
           flush=True)
     rows.append({"case": "ctypes call overhead", "us": host_us})
     if a.json:

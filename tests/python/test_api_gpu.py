@@ -292,6 +292,45 @@ def test_runs_on_the_callers_current_stream() -> None:
     del params
 
 
+def test_threads_sharing_a_plan_get_their_own_results() -> None:
+    """Threads calling one shape at once (one plan, a struct per thread), each with its own
+    tensors and soft cap, on their own streams: every output matches its own reference."""
+    import threading
+
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    jobs = []
+    for i in range(4):
+        q = torch.randn(NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(300, NUM_KV, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(300, NUM_KV, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+        jobs.append((q, k, v, 1.0 + i, torch.full_like(q, float("nan"))))
+    flashgen.single_decode(*jobs[0][:3], variant="soft_cap", logits_soft_cap=1.0)  # load first
+    torch.cuda.synchronize()
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(jobs))
+
+    def worker(q: Any, k: Any, v: Any, cap: float, out: Any) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            start.wait()
+            with torch.cuda.stream(stream):
+                for _ in range(50):
+                    flashgen.single_decode(q, k, v, variant="soft_cap", logits_soft_cap=cap, out=out)
+            stream.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for q, k, v, cap, out in jobs:
+        ref, _ = reference(q, k, v, "soft_cap", 1 / math.sqrt(128), {"logits_soft_cap": cap})
+        assert_close(out, ref, "bf16", f"threaded single_decode cap {cap}")
+
+
 # ---- errors on the GPU ------------------------------------------------------------------------------
 
 

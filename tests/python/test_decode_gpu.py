@@ -31,7 +31,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from flashgen._kernels import FlashgenError, KernelLibrary, params_struct  # noqa: E402
+from flashgen._kernels import (  # noqa: E402
+    BatchDecodeArgs, FlashgenError, KernelLibrary, SingleDecodeArgs, params_struct)
 
 SO_DIR = os.environ.get("FLASHGEN_TEST_SO_DIR")
 if not SO_DIR:
@@ -233,11 +234,14 @@ def run_single(lib, codes, q, k, v, layout, variant, sm_scale, params, with_lse=
     ws_bytes = lib.workspace_size("single_decode", num_heads, num_kv_heads, kv_len, head_dim)
     ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     st = pack_params(variant, params)
-    lib.single_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                      lse.data_ptr() if lse is not None else None, num_heads, num_kv_heads,
-                      kv_len, head_dim, q.stride(0), ksn, ksh, vsn, vsh, o.stride(0),
-                      codes["dtype"], codes["variant"], sm_scale, _ptr(st), ws.data_ptr(),
-                      ws_bytes, torch.cuda.current_stream().cuda_stream)
+    lib.single_decode(SingleDecodeArgs(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+        lse=lse.data_ptr() if lse is not None else None,
+        stream=torch.cuda.current_stream().cuda_stream, additional_params=_ptr(st),
+        workspace=ws.data_ptr(), workspace_bytes=ws_bytes, num_qo_heads=num_heads,
+        num_kv_heads=num_kv_heads, kv_len=kv_len, head_dim=head_dim, q_stride_h=q.stride(0),
+        k_stride_n=ksn, k_stride_h=ksh, v_stride_n=vsn, v_stride_h=vsh, o_stride_h=o.stride(0),
+        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale))
     return o, lse
 
 
@@ -280,13 +284,17 @@ def run_batch(lib, codes, q, paged, indptr, indices, last, page_size, layout, va
     ws_bytes = lib.workspace_size("batch_decode", batch, num_heads, num_kv_heads, head_dim)
     ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     st = pack_params(variant, params)
-    lib.batch_decode(q.data_ptr(), paged.data_ptr(), o.data_ptr(),
-                     lse.data_ptr() if lse is not None else None, indptr.data_ptr(),
-                     indices.data_ptr(), last.data_ptr(), batch, num_heads, num_kv_heads,
-                     head_dim, page_size, q.stride(0), q.stride(1), paged.stride(0),
-                     paged.stride(1), s_n, s_h, o.stride(0), o.stride(1), codes["dtype"],
-                     codes["variant"], sm_scale, _ptr(st), ws.data_ptr(), ws_bytes,
-                     torch.cuda.current_stream().cuda_stream)
+    lib.batch_decode(BatchDecodeArgs(
+        q=q.data_ptr(), paged_kv=paged.data_ptr(), kv_indptr=indptr.data_ptr(),
+        kv_indices=indices.data_ptr(), kv_last_page_len=last.data_ptr(), o=o.data_ptr(),
+        lse=lse.data_ptr() if lse is not None else None,
+        stream=torch.cuda.current_stream().cuda_stream, additional_params=_ptr(st),
+        workspace=ws.data_ptr(), workspace_bytes=ws_bytes, batch_size=batch,
+        num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        page_size=page_size, q_stride_b=q.stride(0), q_stride_h=q.stride(1),
+        kv_stride_page=paged.stride(0), kv_stride_kv=paged.stride(1), kv_stride_n=s_n,
+        kv_stride_h=s_h, o_stride_b=o.stride(0), o_stride_h=o.stride(1),
+        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale))
     return o, lse
 
 
@@ -391,11 +399,14 @@ def test_single_decode_reuses_one_workspace(variant):
         o = torch.full_like(q, float("nan"))
         lse = torch.full((h,), float("nan"), device=dev)
         st = pack_params(variant, params)
-        lib.single_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                          h, hkv, n, d, q.stride(0), k.stride(0), k.stride(1), v.stride(0),
-                          v.stride(1), o.stride(0), codes["dtype"], codes["variant"],
-                          1 / math.sqrt(d), _ptr(st), ws.data_ptr(), sizes[n],
-                          torch.cuda.current_stream().cuda_stream)
+        lib.single_decode(SingleDecodeArgs(
+            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
+            stream=torch.cuda.current_stream().cuda_stream, additional_params=_ptr(st),
+            workspace=ws.data_ptr(), workspace_bytes=sizes[n], num_qo_heads=h, num_kv_heads=hkv,
+            kv_len=n, head_dim=d, q_stride_h=q.stride(0), k_stride_n=k.stride(0),
+            k_stride_h=k.stride(1), v_stride_n=v.stride(0), v_stride_h=v.stride(1),
+            o_stride_h=o.stride(0), dtype_code=codes["dtype"], variant_code=codes["variant"],
+            sm_scale=1 / math.sqrt(d)))
         ref_o, ref_lse, n_eff = reference_decode(q, k, v, variant, 1 / math.sqrt(d), params)
         check(o, lse, ref_o, ref_lse, n_eff, "bf16", f"reuse {variant} call {i} n={n}")
 
@@ -410,20 +421,24 @@ def test_errors_are_statuses_not_crashes():
 
     def call(**kw):
         a = dict(q=q.data_ptr(), k=k.data_ptr(), v=k.data_ptr(), o=o.data_ptr(), lse=None,
-                 hq=8, hkv=2, n=60, d=128, qs=128, ksn=256, ksh=128, vsn=256, vsh=128, os=128,
-                 dt=codes["dtype"], var=codes["variant"], scale=0.1, ap=None, ws=None, wsb=0,
-                 stream=stream)
+                 num_qo_heads=8, num_kv_heads=2, kv_len=60, head_dim=128, q_stride_h=128,
+                 k_stride_n=256, k_stride_h=128, v_stride_n=256, v_stride_h=128, o_stride_h=128,
+                 dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=0.1,
+                 additional_params=None, workspace=None, workspace_bytes=0, stream=stream)
         a.update(kw)
-        lib.single_decode(*a.values())
+        lib.single_decode(SingleDecodeArgs(**a))
 
-    for kw, status in [(dict(hkv=3), 1), (dict(n=0), 1), (dict(k=None), 1),
-                       (dict(k=k.data_ptr() + 2), 1), (dict(ksn=250), 1),
-                       (dict(dt=codes["dtype"] ^ 1), 2), (dict(d=96), 2), (dict(var=99), 2),
-                       (dict(n=100000), 3)]:
+    for kw, status in [(dict(num_kv_heads=3), 1), (dict(kv_len=0), 1), (dict(k=None), 1),
+                       (dict(k=k.data_ptr() + 2), 1), (dict(k_stride_n=250), 1),
+                       (dict(dtype_code=codes["dtype"] ^ 1), 2), (dict(head_dim=96), 2),
+                       (dict(variant_code=99), 2), (dict(kv_len=100000), 3)]:
         with pytest.raises(FlashgenError) as e:
             call(**kw)
         assert e.value.status == status, (kw, e.value)
         assert e.value.message, kw
+    with pytest.raises(FlashgenError) as e:
+        lib.single_decode(0)  # a NULL arguments struct
+    assert e.value.status == 1 and "NULL" in e.value.message
     call()  # still works after the failures
     torch.cuda.synchronize()
     q_codes = [codes["dtype"], 128, codes["variant"]]
