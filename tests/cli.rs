@@ -942,3 +942,51 @@ fn unchanged_rebuild_takes_the_stamp_and_a_missing_or_failed_output_does_not() {
     assert_eq!(again["cached"], 2);
     assert!(t.path("out/.flashgen-stamp").is_file());
 }
+
+#[test]
+fn generated_files_never_go_inside_csrc() {
+    let t = Tree::new("toy");
+    let o = t.run(&["generate", "--out", "csrc/gen"]);
+    assert_usage_error(&o, &["generated files never go inside", "csrc"]);
+    assert!(!t.path("csrc/gen").exists());
+    let o = t.run(&["build", "--out", "csrc", "--aot"]);
+    assert_usage_error(&o, &["generated files never go inside"]);
+}
+
+#[test]
+fn clean_removes_output_and_cache_and_reports_what_it_freed() {
+    let t = Tree::new("toy");
+    build_json(
+        &t,
+        "build/flashgen",
+        &[
+            "--where",
+            "dtype=f16",
+            "--where",
+            "width=32",
+            "--where",
+            "fast=true",
+            "--where",
+            "mode=sum",
+            "--where",
+            "variant=plain",
+        ],
+    );
+    assert!(t.path(".cache/objects").is_dir());
+    let o = t.run(&["clean", "--keep-cache"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!t.path("build/flashgen").exists() && t.path(".cache/objects").is_dir());
+    assert!(
+        stderr(&o).contains("removed") && stderr(&o).contains("freed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = t.run(&["clean"]);
+    assert!(o.status.success());
+    assert!(!t.path(".cache").exists());
+    assert!(
+        stderr(&o).contains(&format!("removed {}", t.path(".cache").display())),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -10,6 +10,7 @@ use crate::ui::Ui;
 
 pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
     let ui = Ui::new(args.compile.quiet || args.json);
+    super::check_out_dir(matrix, &args.out, "--out")?;
     let selected = args.compile.filter.select(matrix)?;
     let builder = super::builder(
         matrix,

@@ -27,6 +27,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     if filter.module.is_none() && filter.wheres.is_empty() {
         filter.aot = true;
     }
+    super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
     let selected = filter.select(matrix)?;
     let mut sources = Vec::new();
     for dir in ["csrc", "include"] {

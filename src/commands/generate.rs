@@ -14,6 +14,7 @@ use crate::ui::Ui;
 
 pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     let ui = Ui::new(false);
+    super::check_out_dir(matrix, &args.out, "--out")?;
     let selected = args.filter.select(matrix)?;
     let builder = super::builder(matrix, args.arch.as_deref(), true);
     if let Err(e) = &builder {

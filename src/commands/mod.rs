@@ -45,6 +45,23 @@ pub(crate) fn builder<'m>(
     Ok(Builder::new(matrix, toolchain, cache, archs, compress))
 }
 
+/// Generated headers must never land in `csrc/`: a quoted include there would find one
+/// instance's header for every instance.
+pub(crate) fn check_out_dir(matrix: &Matrix, out: &Path, flag: &str) -> Result<()> {
+    let out = std::path::absolute(out)?;
+    let csrc = matrix.root.join("csrc");
+    if out.starts_with(&csrc) {
+        return Err(crate::error::UsageError::new(format!(
+            "{flag} {}: generated files never go inside {}",
+            out.display(),
+            csrc.display()
+        ))
+        .with_hint("pick a build folder outside the source tree, e.g. build/flashgen")
+        .into());
+    }
+    Ok(())
+}
+
 pub(crate) fn archs_text(archs: &[Arch]) -> String {
     archs
         .iter()
