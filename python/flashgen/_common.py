@@ -10,7 +10,7 @@ functions are thin layers over this module.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from . import _cuda, _loader
 from ._errors import KernelError
@@ -225,20 +225,6 @@ def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, *shape: int)
         if getattr(exc, "status", None) is None:
             raise
         raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
-
-
-def launch(what: str, loaded: _loader.Loaded, device: int, fn: Callable[..., Any], *args: Any) -> None:
-    """Call one entry point with ``device`` current; a nonzero status raises KernelError."""
-    pushed = _cuda.push_device(device) if _cuda.needs_guard() else False
-    try:
-        fn(*args)
-    except RuntimeError as exc:  # _kernels raises its own error type with the status and message
-        if getattr(exc, "status", None) is None:
-            raise
-        raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
-    finally:
-        if pushed:
-            _cuda.pop_device()
 
 
 def _reset_for_tests() -> None:
