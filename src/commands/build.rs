@@ -25,7 +25,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&summary_json(&builder, &report))?
+            serde_json::to_string_pretty(&summary_json(&builder, &report, &args.out))?
         );
     }
     finish(&report, &ui, &args.out)
@@ -45,7 +45,11 @@ pub(crate) fn options(
     }
 }
 
-pub(crate) fn summary_json(builder: &Builder, r: &BuildReport) -> serde_json::Value {
+pub(crate) fn summary_json(
+    builder: &Builder,
+    r: &BuildReport,
+    out: &std::path::Path,
+) -> serde_json::Value {
     let compiled = r.built.iter().filter(|b| !b.cached).count();
     json!({
         "built": compiled,
@@ -53,6 +57,7 @@ pub(crate) fn summary_json(builder: &Builder, r: &BuildReport) -> serde_json::Va
         "failed": r.failures.iter().map(|f| json!({"uri": f.uri, "command": f.command, "status": f.status, "stderr": f.stderr})).collect::<Vec<_>>(),
         "not_started": r.not_started,
         "wall_s": r.wall.as_secs_f64(),
+        "out": std::path::absolute(out).unwrap_or_else(|_| out.to_path_buf()),
         "jobs": r.jobs,
         "compile_s": r.built.iter().filter_map(|b| b.compile_time).map(|t| t.as_secs_f64()).sum::<f64>(),
         "toolchain": {"nvcc": builder.toolchain.nvcc, "nvcc_version": builder.toolchain.nvcc_version},
