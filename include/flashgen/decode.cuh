@@ -115,12 +115,17 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   const uint32_t copy_row = lane / kChunks;
   const uint32_t copy_chunk = lane % kChunks;
 
+  // Page handles two tiles ahead of the copies that use them: a page-table load that misses L2
+  // has two tiles of this warp's work to land in, not one (under full DRAM load one tile's work
+  // is shorter than a miss).
   int32_t next_handle = my_tiles > 0 ? kv.fetch(tile_pos(0) + (lane & 15), end) : 0;
+  int32_t next2_handle = my_tiles > 1 ? kv.fetch(tile_pos(1) + (lane & 15), end) : 0;
   auto issue = [&](uint32_t i, uint32_t slot) {
     const uint32_t tpos = tile_pos(i);
     const int32_t handle = next_handle;
-    if (KV::kUsesHandle && i + 1 < my_tiles) {  // one tile ahead: its latency hides here
-      next_handle = kv.fetch(tpos + 16 * Traits::kWarps + (lane & 15), end);
+    if constexpr (KV::kUsesHandle) {
+      next_handle = next2_handle;
+      if (i + 2 < my_tiles) next2_handle = kv.fetch(tpos + 32 * Traits::kWarps + (lane & 15), end);
     }
     const uint32_t k_dst = ring_addr + slot * Traits::kStageBytes;
     const uint32_t v_dst = k_dst + Traits::kTileBytes;
@@ -197,14 +202,31 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     const uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
     const uint32_t v_base = k_base + Traits::kTileBytes;
 
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    // Independent accumulators (hi / lo query part, alternate k steps): the scores are a chain
+    // of kKSteps * 2 / kSChains dependent mma instead of kKSteps * 2, which is most of a tile's
+    // latency per warp.
+    constexpr int kSChains = Traits::kScoreChains;
+    float sc[kSChains][4];
+#pragma unroll
+    for (int c = 0; c < kSChains; ++c) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[c][e] = 0.f;
+    }
 #pragma unroll
     for (int ks = 0; ks < Traits::kKSteps; ++ks) {
       uint32_t a[4];
       const uint32_t chunk = (ks * 2 + k_chunk0) ^ r7;
       ptx::ldmatrix_x4(a, k_base + (k_row * kChunks + chunk) * 16);
-      ptx::mma_16816<DTypeKV>(s, a, qf[ks][0], qf[ks][1]);
-      ptx::mma_16816<DTypeKV>(s, a, qf_lo[ks][0], qf_lo[ks][1]);
+      const int c = (ks * 2) % kSChains;
+      ptx::mma_16816<DTypeKV>(sc[c], a, qf[ks][0], qf[ks][1]);
+      ptx::mma_16816<DTypeKV>(sc[(c + 1) % kSChains], a, qf_lo[ks][0], qf_lo[ks][1]);
+    }
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[e] = sc[0][e];
+#pragma unroll
+      for (int c = 1; c < kSChains; ++c) s[e] += sc[c][e];
     }
 
     // s[e]: token group + 8*(e>>1), head 2*pair + (e&1).
@@ -373,10 +395,25 @@ __global__ void __launch_bounds__(Traits::kThreads)
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::launch_dependents();  // the merge kernel may be scheduled; it waits for this grid
   using DTypeKV = typename Params::DTypeKV;
+  // Block order: the grid is (split, request, kv head x slice) as the host launches it; with
+  // FLASHGEN_DECODE_BATCH_HEADS_FAST the launch order is re-read so that the kv heads of one
+  // request run side by side (then its splits, then the next request). The kv heads of a token
+  // share its cache rows ([page][2][page_size][kv_heads][head_dim]): blocks that run together
+  // then read whole rows instead of one head's 2 * head_dim bytes out of each.
+#if FLASHGEN_DECODE_BATCH_HEADS_FAST
+  const uint64_t lin =
+      blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  const uint32_t hz = static_cast<uint32_t>(lin % gridDim.z);
+  const uint64_t rest = lin / gridDim.z;
+  const uint32_t split = static_cast<uint32_t>(rest % gridDim.x);
+  const uint32_t batch_idx = static_cast<uint32_t>(rest / gridDim.x);
+#else
+  const uint32_t hz = blockIdx.z;
   const uint32_t split = blockIdx.x;
   const uint32_t batch_idx = blockIdx.y;
-  const uint32_t kv_head = blockIdx.z / num_head_slices;
-  const uint32_t slice = blockIdx.z % num_head_slices;
+#endif
+  const uint32_t kv_head = hz / num_head_slices;
+  const uint32_t slice = hz % num_head_slices;
   const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;
   const uint32_t first = slice * Traits::kHeadsPerBlock;
   const uint32_t num_heads = min(Traits::kHeadsPerBlock, group_size - first);

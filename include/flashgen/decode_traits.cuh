@@ -41,6 +41,14 @@ struct DecodeTraits {
 #else
   static constexpr int kStages = kHeadDim == 64 ? 4 : (kHeadDim == 128 ? 3 : 2);
 #endif
+  // Independent score accumulators per tile (a multiple of 2: hi and lo query parts). Four
+  // halve the dependent mma chain again at head_dim <= 128; head_dim 256 keeps two (registers).
+#ifdef FLASHGEN_DECODE_SCORE_CHAINS
+  static constexpr int kScoreChains = FLASHGEN_DECODE_SCORE_CHAINS;
+#else
+  static constexpr int kScoreChains = kHeadDim <= 128 ? 4 : 2;
+#endif
+  static_assert(kScoreChains == 1 || kScoreChains == 2 || kScoreChains == 4, "1, 2 or 4 chains");
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kWarpRingBytes = kStages * kStageBytes;
@@ -53,6 +61,11 @@ struct DecodeTraits {
   static_assert(kCopiesPerTile * kRowsPerCopy == kTileTokens, "tile rows must split evenly");
   static_assert(kStages >= 2, "a ring needs two stages");
 };
+
+/** Batch blocks in launch order: kv heads of one request side by side (1) or as launched (0). */
+#ifndef FLASHGEN_DECODE_BATCH_HEADS_FAST
+#define FLASHGEN_DECODE_BATCH_HEADS_FAST 1
+#endif
 
 /** Split-KV tuning: blocks per SM slot we aim for, and the shortest chunk worth a block. */
 #ifndef FLASHGEN_DECODE_TARGET_WAVES
