@@ -260,6 +260,8 @@ def _compile(entry: Entry, module: str, params: Mapping[str, Any], variant: Vari
             cmd += ["--variants-file", str(vfile)]
         env = dict(os.environ)
         env["FLASHGEN_CACHE_DIR"] = str(_install.cache_root())
+        # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
+        env.setdefault("FLASHGEN_PYTHON", sys.executable)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
         what = f"{module} ({', '.join(f'{k}={format_value(v)}' for k, v in params.items())})"
