@@ -100,16 +100,14 @@ fn find_nvcc() -> Result<(PathBuf, String)> {
     if let Ok(p) = which::which("nvcc") {
         return Ok((p, "PATH".into()));
     }
-    for site in python_site_packages() {
-        for rel in ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"] {
-            let p = site.join(rel);
-            if p.is_file() {
-                return Ok((
-                    p,
-                    format!("python package nvidia-cuda-nvcc in {}", site.display()),
-                ));
-            }
-        }
+    if let Some((p, site)) = python_site_packages()
+        .iter()
+        .find_map(|site| pypi_nvcc(site).map(|p| (p, site.clone())))
+    {
+        return Ok((
+            p,
+            format!("python package nvidia-cuda-nvcc in {}", site.display()),
+        ));
     }
     Err(UsageError::new("nvcc not found (looked at FLASHGEN_NVCC, CUDA_HOME, CUDA_PATH, PATH and the active Python environment)")
         .with_hint(
@@ -118,19 +116,32 @@ fn find_nvcc() -> Result<(PathBuf, String)> {
         .into())
 }
 
-/// site-packages folders of the active Python environment, most specific first.
+/// nvcc of the PyPI package `nvidia-cuda-nvcc` (CUDA 13 layout, then 12) in `site`.
+fn pypi_nvcc(site: &Path) -> Option<PathBuf> {
+    ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"]
+        .iter()
+        .map(|rel| site.join(rel))
+        .find(|p| p.is_file())
+}
+
+/// site-packages folders of the Python environment that asked (`FLASHGEN_PYTHON`, which the
+/// loader sets), else the active one (`VIRTUAL_ENV`, `CONDA_PREFIX`, the `python3` on PATH).
+/// Folders are guessed from the prefix first; a Python process is started only when that misses.
 fn python_site_packages() -> Vec<PathBuf> {
-    let mut prefixes = Vec::new();
     if let Some(py) = std::env::var_os("FLASHGEN_PYTHON") {
-        if let Some(sp) = ask_python(Path::new(&py)) {
-            return vec![sp];
+        let py = PathBuf::from(py);
+        let prefix = py.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+        let mut sites = glob_site_packages(prefix);
+        if !sites.iter().any(|s| pypi_nvcc(s).is_some()) {
+            sites.extend(ask_python(&py));
         }
+        return sites;
     }
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(p) = std::env::var_os(var) {
-            prefixes.push(PathBuf::from(p));
-        }
-    }
+    let prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
     let mut out: Vec<PathBuf> = prefixes
         .iter()
         .flat_map(|p| glob_site_packages(p))

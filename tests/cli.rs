@@ -990,3 +990,34 @@ fn clean_removes_output_and_cache_and_reports_what_it_freed() {
         stderr(&o)
     );
 }
+
+#[test]
+fn pypi_nvcc_is_found_through_the_interpreter_that_asks() {
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    // <venv>/lib/pythonX/site-packages/nvidia/cu13/bin/nvcc -> <venv>/bin/python
+    let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
+    let t = Tree::new("toy");
+    let o = t
+        .cmd()
+        .env_remove("FLASHGEN_NVCC")
+        .env_remove("CUDA_HOME")
+        .env_remove("CUDA_PATH")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("CONDA_PREFIX")
+        .env("PATH", "/usr/bin:/bin")
+        .env("FLASHGEN_PYTHON", venv.join("bin/python"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let tc = &json(&o)["toolchain"];
+    assert!(
+        tc["found_by"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("python package nvidia-cuda-nvcc"),
+        "{tc}"
+    );
+    assert_eq!(tc["nvcc_version"], "13.0.88");
+}
