@@ -74,6 +74,33 @@ fn project_nvcc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The file's bytes hash to the sha256 its manifest or summary row records.
+fn assert_recorded_sha256(path: &Path, row: &Value) {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(
+        row["sha256"].as_str().unwrap(),
+        format!("{:x}", sha2::Sha256::digest(&bytes)),
+        "{}",
+        path.display()
+    );
+}
+
+/// A command that can find no CUDA toolchain on its own (no nvcc variables, no venv, a bare PATH).
+fn without_toolchain(mut c: Command) -> Command {
+    for var in [
+        "FLASHGEN_NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("PATH", "/usr/bin:/bin");
+    c
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -466,12 +493,7 @@ fn cache_hits_and_only_instances_that_include_a_changed_header_rebuild() {
         serde_json::from_str(&std::fs::read_to_string(t.path("out/manifest.json")).unwrap())
             .unwrap();
     for inst in manifest["instances"].as_array().unwrap() {
-        let bytes = std::fs::read(t.path("out").join(inst["path"].as_str().unwrap())).unwrap();
-        use sha2::Digest;
-        assert_eq!(
-            inst["sha256"].as_str().unwrap(),
-            format!("{:x}", sha2::Sha256::digest(&bytes))
-        );
+        assert_recorded_sha256(&t.path("out").join(inst["path"].as_str().unwrap()), inst);
     }
 }
 
@@ -677,14 +699,7 @@ fn dispatching_header_reaches_each_listed_instantiation() {
 #[test]
 fn no_nvcc_is_one_clear_error() {
     let t = Tree::new("toy");
-    let o = t
-        .cmd()
-        .env_remove("FLASHGEN_NVCC")
-        .env_remove("CUDA_HOME")
-        .env_remove("CUDA_PATH")
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("CONDA_PREFIX")
-        .env("PATH", "/usr/bin:/bin")
+    let o = without_toolchain(t.cmd())
         .env("FLASHGEN_PYTHON", "/nonexistent/python")
         .args(["build", "--out", "out", "--aot"])
         .output()
@@ -883,12 +898,7 @@ fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
         4
     );
     for inst in after["instances"].as_array().unwrap() {
-        let bytes = std::fs::read(inst["path"].as_str().unwrap()).unwrap();
-        use sha2::Digest;
-        assert_eq!(
-            inst["sha256"].as_str().unwrap(),
-            format!("{:x}", sha2::Sha256::digest(&bytes))
-        );
+        assert_recorded_sha256(Path::new(inst["path"].as_str().unwrap()), inst);
     }
 }
 
@@ -999,14 +1009,7 @@ fn pypi_nvcc_is_found_through_the_interpreter_that_asks() {
     // <venv>/lib/pythonX/site-packages/nvidia/cu13/bin/nvcc -> <venv>/bin/python
     let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
     let t = Tree::new("toy");
-    let o = t
-        .cmd()
-        .env_remove("FLASHGEN_NVCC")
-        .env_remove("CUDA_HOME")
-        .env_remove("CUDA_PATH")
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("CONDA_PREFIX")
-        .env("PATH", "/usr/bin:/bin")
+    let o = without_toolchain(t.cmd())
         .env("FLASHGEN_PYTHON", venv.join("bin/python"))
         .args(["doctor", "--json"])
         .output()
