@@ -74,6 +74,14 @@ fn project_nvcc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `--where` terms as arguments: `["a=1", "b=2"]` -> `--where a=1 --where b=2`.
+fn wheres(terms: &[&str]) -> Vec<String> {
+    terms
+        .iter()
+        .flat_map(|t| ["--where".to_string(), t.to_string()])
+        .collect()
+}
+
 /// The file's bytes hash to the sha256 its manifest or summary row records.
 fn assert_recorded_sha256(path: &Path, row: &Value) {
     use sha2::Digest;
@@ -334,22 +342,17 @@ fn colliding_uris_are_an_error() {
 fn generated_header_matches_snapshot_and_is_not_rewritten_when_unchanged() {
     let t = Tree::new("toy");
     let uri = "toy_dtype_bf16_width_128_fast_true_mode_max_variant_scaled";
-    let filters = [
-        "--where",
+    let filters = wheres(&[
         "dtype=bf16",
-        "--where",
         "width=128",
-        "--where",
         "fast=true",
-        "--where",
         "mode=max",
-        "--where",
         "variant=scaled",
-    ];
+    ]);
     let o = t
         .cmd()
         .args(["generate", "--out", "gen"])
-        .args(filters)
+        .args(&filters)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -383,7 +386,7 @@ fn generated_header_matches_snapshot_and_is_not_rewritten_when_unchanged() {
     assert!(t
         .cmd()
         .args(["generate", "--out", "gen"])
-        .args(filters)
+        .args(&filters)
         .output()
         .unwrap()
         .status
@@ -435,7 +438,7 @@ fn snapshot(name: &str, actual: &str) {
 
 // ---- real nvcc -----------------------------------------------------------------------------
 
-fn build_json(t: &Tree, out: &str, extra: &[&str]) -> Value {
+fn build_json(t: &Tree, out: &str, extra: &[impl AsRef<std::ffi::OsStr>]) -> Value {
     let o = t
         .cmd()
         .args(["build", "--out", out, "--json", "--jobs", "2"])
@@ -449,16 +452,7 @@ fn build_json(t: &Tree, out: &str, extra: &[&str]) -> Value {
 #[test]
 fn cache_hits_and_only_instances_that_include_a_changed_header_rebuild() {
     let t = Tree::new("toy");
-    let sel = [
-        "--where",
-        "dtype=f16",
-        "--where",
-        "width=64",
-        "--where",
-        "fast=true",
-        "--where",
-        "mode=sum",
-    ];
+    let sel = wheres(&["dtype=f16", "width=64", "fast=true", "mode=sum"]);
     let first = build_json(&t, "out", &sel);
     assert_eq!(
         (first["built"].as_u64(), first["cached"].as_u64()),
@@ -500,24 +494,19 @@ fn cache_hits_and_only_instances_that_include_a_changed_header_rebuild() {
 #[test]
 fn same_inputs_give_identical_bytes_whatever_the_output_or_cache_folder() {
     let t = Tree::new("toy");
-    let sel = [
-        "--where",
+    let sel = wheres(&[
         "dtype=bf16",
-        "--where",
         "width=32",
-        "--where",
         "fast=false",
-        "--where",
         "mode=max",
-        "--where",
         "variant=scaled",
-    ];
+    ]);
     let a = build_json(&t, "out-a", &sel);
     let o = t
         .cmd()
         .env("FLASHGEN_CACHE_DIR", t.path("other-cache"))
         .args(["build", "--out", "elsewhere/out-b", "--json"])
-        .args(sel)
+        .args(&sel)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -558,18 +547,11 @@ fn nvcc_failure_shows_uri_command_and_stderr_and_keeps_successes_cached() {
         "include/toy/variants/scaled.cuh",
         "#pragma once\n#error scaled is broken on purpose\n",
     );
-    let sel = [
-        "--where",
-        "dtype=f16",
-        "--where",
-        "width=32",
-        "--where",
-        "fast=false",
-    ];
+    let sel = wheres(&["dtype=f16", "width=32", "fast=false"]);
     let o = t
         .cmd()
         .args(["build", "--out", "out", "--keep-going", "--jobs", "1"])
-        .args(sel)
+        .args(&sel)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
@@ -602,32 +584,17 @@ fn nvcc_failure_shows_uri_command_and_stderr_and_keeps_successes_cached() {
     // Successes stay cached.
     let o = t
         .cmd()
-        .args([
-            "build",
-            "--out",
-            "out",
-            "--json",
-            "--where",
-            "variant=plain",
-        ])
-        .args(sel)
+        .args(["build", "--out", "out", "--json"])
+        .args(wheres(&["variant=plain"]))
+        .args(&sel)
         .output()
         .unwrap();
     assert_eq!(json(&o)["cached"], 2);
     // Without --keep-going the build stops after the first failure.
     let o = t
         .cmd()
-        .args([
-            "build",
-            "--out",
-            "out2",
-            "--jobs",
-            "1",
-            "--where",
-            "variant=scaled",
-            "--where",
-            "dtype=bf16",
-        ])
+        .args(["build", "--out", "out2", "--jobs", "1"])
+        .args(wheres(&["variant=scaled", "dtype=bf16"]))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
@@ -768,21 +735,8 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
             .cmd()
             .env("SOURCE_DATE_EPOCH", "1700000000")
             // A small ELF stands in for the binary: deflating a debug build twice is slow.
-            .args([
-                "build-wheel",
-                "--binary",
-                "/bin/true",
-                "--out",
-                out,
-                "--where",
-                "dtype=bf16",
-                "--where",
-                "width=64",
-                "--where",
-                "fast=true",
-                "--where",
-                "mode=sum",
-            ])
+            .args(["build-wheel", "--binary", "/bin/true", "--out", out])
+            .args(wheres(&["dtype=bf16", "width=64", "fast=true", "mode=sum"]))
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
@@ -862,14 +816,7 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
 #[test]
 fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
     let t = Tree::new("toy");
-    let sel = [
-        "--where",
-        "dtype=f16",
-        "--where",
-        "width=128",
-        "--where",
-        "fast=false",
-    ];
+    let sel = wheres(&["dtype=f16", "width=128", "fast=false"]);
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("flashgen"))
         .current_dir(t.dir.path())
         .env("FLASHGEN_CACHE_DIR", t.path(".cache"))
@@ -878,7 +825,7 @@ fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
             project_nvcc().expect("the project venv's nvcc"),
         )
         .args(["build", "--out", "out", "--quiet", "--jobs", "2"])
-        .args(sel)
+        .args(&sel)
         .spawn()
         .unwrap();
     // Kill once nvcc has started writing into the cache's temp folder.
@@ -905,16 +852,7 @@ fn a_build_killed_mid_compile_leaves_nothing_a_later_run_trusts() {
 #[test]
 fn unchanged_rebuild_takes_the_stamp_and_a_missing_or_failed_output_does_not() {
     let t = Tree::new("toy");
-    let sel = [
-        "--where",
-        "dtype=bf16",
-        "--where",
-        "width=32",
-        "--where",
-        "fast=true",
-        "--where",
-        "mode=sum",
-    ];
+    let sel = wheres(&["dtype=bf16", "width=32", "fast=true", "mode=sum"]);
     let first = build_json(&t, "out", &sel);
     assert_eq!(first["built"], 2);
     assert!(t.path("out/.flashgen-stamp").is_file());
@@ -942,7 +880,7 @@ fn unchanged_rebuild_takes_the_stamp_and_a_missing_or_failed_output_does_not() {
     let o = t
         .cmd()
         .args(["build", "--out", "out"])
-        .args(sel)
+        .args(&sel)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
@@ -966,22 +904,14 @@ fn generated_files_never_go_inside_csrc() {
 #[test]
 fn clean_removes_output_and_cache_and_reports_what_it_freed() {
     let t = Tree::new("toy");
-    build_json(
-        &t,
-        "build/flashgen",
-        &[
-            "--where",
-            "dtype=f16",
-            "--where",
-            "width=32",
-            "--where",
-            "fast=true",
-            "--where",
-            "mode=sum",
-            "--where",
-            "variant=plain",
-        ],
-    );
+    let sel = wheres(&[
+        "dtype=f16",
+        "width=32",
+        "fast=true",
+        "mode=sum",
+        "variant=plain",
+    ]);
+    build_json(&t, "build/flashgen", &sel);
     assert!(t.path(".cache/objects").is_dir());
     let o = t.run(&["clean", "--keep-cache"]);
     assert!(o.status.success(), "{}", stderr(&o));
