@@ -84,6 +84,14 @@ def _venv_env(venv: Path, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _run_in_venv(venv: Path, tmp_path: Path, code: str) -> str:
+    """Runs ``code`` with the venv's interpreter in a clean environment; returns its stdout."""
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=_venv_env(venv, tmp_path),
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 # ---- name, tags, metadata, RECORD ---------------------------------------------------------------
 
 
@@ -225,10 +233,7 @@ def test_import_and_introspection_agree_with_the_cli(fresh_venv: Path, tmp_path:
         " 'rows': rows, 'precompiled': [flashgen.is_precompiled(r['module'], **r['params']) for r in shipped],"
         " 'n_shipped': len(shipped), 'import_s': t}))\n"
     )
-    proc = subprocess.run([str(fresh_venv / "bin" / "python"), "-c", code], env=env, capture_output=True,
-                          text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout)
+    got = json.loads(_run_in_venv(fresh_venv, tmp_path, code))
     assert got["file"].startswith(str(fresh_venv)) and not got["bad"]
     assert got["n_shipped"] >= 1 and all(got["precompiled"])
     cli = subprocess.run(["flashgen", "--config", str(Path(got["file"]).parent / "_src" / "variants.json"),
@@ -247,7 +252,6 @@ def test_import_and_introspection_agree_with_the_cli(fresh_venv: Path, tmp_path:
 def test_kernel_call_without_a_gpu_is_a_clear_error(fresh_venv: Path, tmp_path: Path) -> None:
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has an NVIDIA driver")
-    env = _venv_env(fresh_venv, tmp_path)
     code = FAKE_TENSOR_SRC + (
         "import flashgen\n"
         "q, k = FakeCudaTensor((32, 128)), FakeCudaTensor((100, 8, 128))\n"
@@ -260,8 +264,6 @@ def test_kernel_call_without_a_gpu_is_a_clear_error(fresh_venv: Path, tmp_path: 
         "except ValueError as exc:\n"
         "    print('ValueError:', exc)\n"
     )
-    proc = subprocess.run([str(fresh_venv / "bin" / "python"), "-c", code], env=env, capture_output=True,
-                          text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "NoGPUError: no CUDA driver: libcuda.so.1 could not be loaded" in proc.stdout
-    assert "ValueError: single_decode: q has head_dim 128 but k/v have 96" in proc.stdout
+    out = _run_in_venv(fresh_venv, tmp_path, code)
+    assert "NoGPUError: no CUDA driver: libcuda.so.1 could not be loaded" in out
+    assert "ValueError: single_decode: q has head_dim 128 but k/v have 96" in out
