@@ -95,6 +95,8 @@ pub struct Builder<'m> {
     pub cache: Cache,
     pub flags: Vec<String>,
     pub archs: Vec<Arch>,
+    /// `-I` folders after the generated header's (see [`search_dirs`]).
+    pub search_dirs: Vec<PathBuf>,
     hasher: SourceHasher,
 }
 
@@ -107,13 +109,15 @@ impl<'m> Builder<'m> {
         compress: bool,
     ) -> Self {
         let flags = compile::output_flags(&matrix.nvcc_flags, &archs, compress);
-        let hasher = SourceHasher::new(&matrix.root, search_dirs(matrix));
+        let search_dirs = search_dirs(matrix);
+        let hasher = SourceHasher::new(&matrix.root, search_dirs.clone());
         Builder {
             matrix,
             toolchain,
             cache,
             flags,
             archs,
+            search_dirs,
             hasher,
         }
     }
@@ -143,7 +147,7 @@ impl<'m> Builder<'m> {
                 let inputs = self.hasher.inputs(&source, &header)?;
                 let key = fingerprint::cache_key(&tc_texts, &self.flags, &header, &inputs);
                 let mut include_dirs = vec![dir];
-                include_dirs.extend(search_dirs(self.matrix));
+                include_dirs.extend(self.search_dirs.iter().cloned());
                 Ok(Prepared {
                     inst,
                     header,

@@ -57,7 +57,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let output = out.join(format!("{}.so", m.name));
             if let Ok(b) = &builder {
                 let mut include_dirs = vec![dir];
-                include_dirs.push(matrix.root.join("include"));
+                include_dirs.extend(b.search_dirs.iter().cloned());
                 let p = Prepared {
                     inst: insts[0],
                     header,
