@@ -1,6 +1,8 @@
 //! The build: generate each selected instance's header, key it, take it from the cache or
-//! compile it with nvcc (in parallel, through rayon), and place the `.so` files in the output
-//! folder with a manifest. `build`, `build-wheel` and the runtime JIT all come through here.
+//! compile it with nvcc (in parallel, through rayon), and place copies of the `.so` files in the
+//! output folder with a manifest. `build`, `build-wheel` and the runtime JIT all come through
+//! here: [`Builder::ensure_cached`] makes every instance present and verified in the cache, and
+//! [`Builder::build`] places its results in `--out`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,9 +15,10 @@ use rayon::prelude::*;
 use serde_json::{json, Value as Json};
 
 use crate::arch::Arch;
-use crate::cache::{Cache, Entry};
+use crate::cache::{Cache, Entry, Lookup};
 use crate::codegen;
 use crate::compile::{self, NvccCommand};
+use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
 use crate::instance::Instance;
@@ -27,30 +30,62 @@ use crate::ui::Ui;
 /// A rough peak memory of one nvcc job on these kernels, for the default job count.
 const BYTES_PER_JOB: u64 = 2 << 30;
 
+/// The marker `build` writes into every output folder it creates or adopts; `flashgen clean`
+/// removes only folders that carry it.
+pub const BUILD_MARKER: &str = ".flashgen-build";
+
 pub struct BuildOptions {
     pub out_dir: PathBuf,
     pub archs: Vec<Arch>,
     pub jobs: usize,
     pub keep_going: bool,
     pub compress: bool,
+    /// Answer an unchanged rebuild from the stamp (`build-wheel` always verifies instead).
+    pub use_stamp: bool,
 }
 
 /// Jobs: `--jobs`, else `MAX_JOBS`, else min(cores, available memory / per-job estimate).
-pub fn default_jobs(cli: Option<usize>) -> usize {
-    if let Some(j) = cli {
-        return j.max(1);
-    }
-    if let Some(j) = std::env::var("MAX_JOBS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        return j.max(1);
-    }
+/// Zero or a non-number is a usage error; more than 4 x cores is capped (with a note), as
+/// such a count only thrashes.
+pub fn default_jobs(cli: Option<usize>, ui: &Ui) -> Result<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut sys = sysinfo::System::new();
-    sys.refresh_memory();
-    let by_memory = (sys.available_memory() / BYTES_PER_JOB).max(1) as usize;
-    cores.min(by_memory)
+    let (jobs, from) = if let Some(j) = cli {
+        (j, "--jobs")
+    } else if let Some(v) = std::env::var_os("MAX_JOBS").filter(|v| !v.is_empty()) {
+        let v = v.to_string_lossy();
+        match v.trim().parse::<usize>() {
+            Ok(j) => (j, "MAX_JOBS"),
+            Err(_) => {
+                return Err(
+                    UsageError::new(format!("MAX_JOBS={v:?} is not a number of jobs"))
+                        .with_hint("set MAX_JOBS to a positive integer, or unset it")
+                        .into(),
+                )
+            }
+        }
+    } else {
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        let by_memory = (sys.available_memory() / BYTES_PER_JOB).max(1) as usize;
+        return Ok(cores.min(by_memory));
+    };
+    if jobs == 0 {
+        return Err(
+            UsageError::new(format!("{from} 0: at least one job is needed"))
+                .with_hint(format!(
+                    "pass a positive {from}, or leave it out for the default"
+                ))
+                .into(),
+        );
+    }
+    let cap = 4 * cores;
+    if jobs > cap {
+        ui.status(format!(
+            "note: {from} {jobs} capped at {cap} (4 x {cores} cores)"
+        ));
+        return Ok(cap);
+    }
+    Ok(jobs)
 }
 
 /// Everything one instance needs before it is compiled or found in the cache.
@@ -73,11 +108,53 @@ pub struct Built<'m> {
     pub compile_time: Option<Duration>,
 }
 
+/// What went wrong for one instance; `commands/build.rs` prints each kind its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// nvcc failed (or could not start).
+    Compile,
+    /// nvcc succeeded but the result could not be stored (rename, record, permissions).
+    Store,
+    /// The built `.so` lacks an entry point the module declares; nothing was cached.
+    EntryPoint,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Compile => "compile",
+            FailureKind::Store => "store",
+            FailureKind::EntryPoint => "entry_point",
+        }
+    }
+}
+
 pub struct Failure {
     pub uri: String,
+    pub kind: FailureKind,
+    /// The nvcc command line (empty where none ran).
     pub command: String,
+    /// nvcc's exit status, or the store or entry-point error (naming path and OS error).
     pub status: String,
     pub stderr: String,
+}
+
+/// One instance present and verified in the cache.
+pub struct Ready<'m> {
+    pub prepared: Prepared<'m>,
+    /// The verified cache object: absolute path, sha256, size.
+    pub entry: Entry,
+    /// Found in the cache (possibly put there by a concurrent build) rather than compiled here.
+    pub cached: bool,
+    pub compile_time: Option<Duration>,
+}
+
+/// What [`Builder::ensure_cached`] did, in matrix order.
+pub struct CacheReport<'m> {
+    pub ready: Vec<Ready<'m>>,
+    pub failures: Vec<Failure>,
+    /// Instances never started because an earlier failure stopped the build.
+    pub not_started: Vec<String>,
 }
 
 pub struct BuildReport<'m> {
@@ -174,6 +251,103 @@ impl<'m> Builder<'m> {
         )
     }
 
+    /// Makes every selected instance present and verified in the cache, compiling the misses
+    /// in a pool of `jobs` threads: headers are generated under `gen_dir/<uri>/`, each key is
+    /// looked up (record and object checked, see [`Cache::lookup`]), and each miss is compiled
+    /// under the key's lock (`<cache>/locks/<key>.lock`) after looking again, so concurrent
+    /// builds of one instance compile it once. A corrupt object is discarded and rebuilt. A
+    /// compiled `.so` is cached only when it exports every entry point of its module. Without
+    /// `keep_going` the first failure stops new compiles; those in flight finish and are cached.
+    pub fn ensure_cached(
+        &self,
+        selected: &[&'m Instance],
+        gen_dir: &Path,
+        jobs: usize,
+        keep_going: bool,
+        ui: &Ui,
+    ) -> Result<CacheReport<'m>> {
+        let prepared = self.prepare(selected, Some(gen_dir))?;
+        let lookups: Vec<Option<Entry>> = prepared
+            .par_iter()
+            .map(|p| self.cache.lookup(&p.key).hit())
+            .collect();
+        let misses: Vec<usize> = (0..prepared.len())
+            .filter(|&i| lookups[i].is_none())
+            .collect();
+
+        let results: Mutex<HashMap<usize, (Entry, Option<Duration>)>> = Mutex::default();
+        let failures: Mutex<Vec<Failure>> = Mutex::default();
+        let not_started: Mutex<Vec<String>> = Mutex::default();
+        if !misses.is_empty() {
+            self.cache.sweep_stale_temps();
+            ui.status(format!(
+                "compiling {} of {} instances with {jobs} jobs ({} cached)",
+                misses.len(),
+                prepared.len(),
+                prepared.len() - misses.len()
+            ));
+            let stop = AtomicBool::new(false);
+            let progress = ui.progress(misses.len());
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
+            pool.install(|| {
+                misses.par_iter().with_max_len(1).for_each(|&i| {
+                    let p = &prepared[i];
+                    if stop.load(Ordering::SeqCst) {
+                        not_started.lock().unwrap().push(p.inst.uri.clone());
+                        return;
+                    }
+                    progress.start(&p.inst.uri);
+                    match self.fill(p, ui) {
+                        Ok((entry, took)) => {
+                            let outcome = match took {
+                                Some(t) => format!("{:.1}s", t.as_secs_f64()),
+                                None => "cached".into(),
+                            };
+                            progress.finish(&p.inst.uri, &outcome);
+                            results.lock().unwrap().insert(i, (entry, took));
+                        }
+                        Err(f) => {
+                            progress.finish(&p.inst.uri, "FAILED");
+                            if !keep_going {
+                                stop.store(true, Ordering::SeqCst);
+                            }
+                            failures.lock().unwrap().push(f);
+                        }
+                    }
+                });
+            });
+            progress.done();
+        }
+        let mut results = results.into_inner().unwrap();
+        let mut ready = Vec::new();
+        for (i, (p, hit)) in prepared.into_iter().zip(lookups).enumerate() {
+            let (entry, compile_time) = match hit {
+                Some(e) => (e, None),
+                None => match results.remove(&i) {
+                    Some(r) => r,
+                    None => continue,
+                },
+            };
+            ready.push(Ready {
+                prepared: p,
+                entry,
+                cached: compile_time.is_none(),
+                compile_time,
+            });
+        }
+        let mut failures = failures.into_inner().unwrap();
+        failures.sort_by(|a, b| a.uri.cmp(&b.uri));
+        let mut not_started = not_started.into_inner().unwrap();
+        not_started.sort();
+        Ok(CacheReport {
+            ready,
+            failures,
+            not_started,
+        })
+    }
+
+    /// Builds `selected` into `opts.out_dir`: [`Builder::ensure_cached`], then a copy of each
+    /// object at `<out>/<uri>.so`, `manifest.json` and, when nothing failed, the stamp.
     pub fn build(
         &self,
         selected: &[&'m Instance],
@@ -184,111 +358,52 @@ impl<'m> Builder<'m> {
         // Absolute, so that every printed nvcc command works from any folder.
         let out_dir = std::path::absolute(&opts.out_dir)?;
         let stamp = stamp::compute(self.matrix, selected, &self.flags, &self.toolchain_texts());
-        if let Some(report) = self.up_to_date(&out_dir, &stamp, selected, opts, start) {
-            return Ok(report);
+        if opts.use_stamp {
+            if let Some(report) = self.up_to_date(&out_dir, &stamp, selected, opts, start) {
+                return Ok(report);
+            }
         }
+        let existed = out_dir.exists();
         std::fs::create_dir_all(&out_dir)
             .with_context(|| format!("cannot create the output folder {}", out_dir.display()))?;
+        mark_build_dir(&out_dir, existed)?;
         // From here on the outputs may change: no stamp may vouch for them until the end.
         match std::fs::remove_file(stamp::path(&out_dir)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
             _ => {}
         }
-        let prepared = self.prepare(selected, Some(&out_dir.join("generated")))?;
-        let lookups: Vec<Option<Entry>> = prepared
-            .par_iter()
-            .map(|p| self.cache.lookup(&p.key))
-            .collect();
-        let misses: Vec<&Prepared> = prepared
-            .iter()
-            .zip(&lookups)
-            .filter(|(_, hit)| hit.is_none())
-            .map(|(p, _)| p)
-            .collect();
-
-        let results: Mutex<Vec<(String, Entry, Duration)>> = Mutex::default();
-        let failures: Mutex<Vec<Failure>> = Mutex::default();
-        let not_started: Mutex<Vec<String>> = Mutex::default();
-        if !misses.is_empty() {
-            self.cache.sweep_stale_temps();
-            ui.status(format!(
-                "compiling {} of {} instances with {} jobs ({} cached)",
-                misses.len(),
-                prepared.len(),
-                opts.jobs,
-                prepared.len() - misses.len()
-            ));
-            let stop = AtomicBool::new(false);
-            let progress = ui.progress(misses.len());
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(opts.jobs)
-                .build()?;
-            pool.install(|| {
-                misses.par_iter().with_max_len(1).for_each(|p| {
-                    if stop.load(Ordering::SeqCst) {
-                        not_started.lock().unwrap().push(p.inst.uri.clone());
-                        return;
-                    }
-                    progress.start(&p.inst.uri);
-                    match self.compile_one(p) {
-                        Ok((entry, took)) => {
-                            progress.finish(&p.inst.uri, &format!("{:.1}s", took.as_secs_f64()));
-                            results.lock().unwrap().push((p.key.clone(), entry, took));
-                        }
-                        Err(f) => {
-                            progress.finish(&p.inst.uri, "FAILED");
-                            if !opts.keep_going {
-                                stop.store(true, Ordering::SeqCst);
-                            }
-                            failures.lock().unwrap().push(f);
-                        }
-                    }
-                });
-            });
-            progress.done();
-        }
-        let mut results: HashMap<String, (Entry, Duration)> = results
-            .into_inner()
-            .unwrap()
+        let report = self.ensure_cached(
+            selected,
+            &out_dir.join("generated"),
+            opts.jobs,
+            opts.keep_going,
+            ui,
+        )?;
+        let built: Vec<Built> = report
+            .ready
             .into_iter()
-            .map(|(k, e, t)| (k, (e, t)))
+            .map(|r| Built {
+                inst: r.prepared.inst,
+                path: out_dir.join(format!("{}.so", r.prepared.inst.uri)),
+                key: r.prepared.key,
+                entry: r.entry,
+                cached: r.cached,
+                compile_time: r.compile_time,
+            })
             .collect();
-
-        // Place every finished instance in --out, in matrix order.
-        let mut built = Vec::new();
-        for (p, hit) in prepared.iter().zip(lookups) {
-            let (entry, cached, compile_time) = match hit {
-                Some(e) => (e, true, None),
-                None => match results.remove(&p.key) {
-                    Some((e, t)) => (e, false, Some(t)),
-                    None => continue,
-                },
-            };
-            built.push(Built {
-                inst: p.inst,
-                key: p.key.clone(),
-                entry,
-                path: out_dir.join(format!("{}.so", p.inst.uri)),
-                cached,
-                compile_time,
-            });
-        }
         built
             .par_iter()
-            .try_for_each(|b| place_if_needed(&b.entry.path, &b.path))?;
+            .try_for_each(|b| place_verified(&b.entry, &b.path))?;
         self.write_manifest(&out_dir, &built)?;
-
-        let mut failures = failures.into_inner().unwrap();
-        failures.sort_by(|a, b| a.uri.cmp(&b.uri));
-        let mut not_started = not_started.into_inner().unwrap();
-        not_started.sort();
-        if failures.is_empty() && not_started.is_empty() {
-            fsutil::write_atomic(&stamp::path(&out_dir), stamp.as_bytes())?;
+        if report.failures.is_empty() && report.not_started.is_empty() {
+            let mut outputs: Vec<PathBuf> = built.iter().map(|b| b.path.clone()).collect();
+            outputs.push(out_dir.join("manifest.json"));
+            stamp::write(&out_dir, &stamp, &outputs)?;
         }
         Ok(BuildReport {
             built,
-            failures,
-            not_started,
+            failures: report.failures,
+            not_started: report.not_started,
             wall: start.elapsed(),
             jobs: opts.jobs,
         })
@@ -301,8 +416,9 @@ impl<'m> Builder<'m> {
         ]
     }
 
-    /// The fast path: when the stamp matches and every output is in place, the report comes
-    /// from the manifest the last build wrote, and nothing is generated, hashed or looked up.
+    /// The fast path: when the stamp matches and every output (and the manifest) still has the
+    /// size and mtime the stamp recorded, the report comes from the manifest the last build
+    /// wrote, and nothing is generated, hashed or looked up.
     fn up_to_date(
         &self,
         out_dir: &Path,
@@ -311,7 +427,7 @@ impl<'m> Builder<'m> {
         opts: &BuildOptions,
         start: Instant,
     ) -> Option<BuildReport<'m>> {
-        if !stamp::matches(out_dir, stamp) {
+        if !stamp::matches(out_dir, stamp) || !out_dir.join(BUILD_MARKER).is_file() {
             return None;
         }
         let text = std::fs::read_to_string(out_dir.join("manifest.json")).ok()?;
@@ -334,6 +450,7 @@ impl<'m> Builder<'m> {
                         uri: inst.uri.clone(),
                         sha256: row["sha256"].as_str()?.to_string(),
                         size,
+                        mtime_ns: 0,
                         path: path.clone(),
                     },
                     path,
@@ -351,34 +468,93 @@ impl<'m> Builder<'m> {
         })
     }
 
-    fn compile_one(&self, p: &Prepared) -> Result<(Entry, Duration), Failure> {
-        let fail = |command: String, status: String, stderr: String| Failure {
+    /// Makes one missed instance present: under its lock, looks again (a concurrent build may
+    /// have stored it; `None` time then), discards a corrupt object, compiles and stores.
+    fn fill(&self, p: &Prepared, ui: &Ui) -> Result<(Entry, Option<Duration>), Failure> {
+        let store = |e: anyhow::Error| Failure {
             uri: p.inst.uri.clone(),
+            kind: FailureKind::Store,
+            command: String::new(),
+            status: format!("{e:#}"),
+            stderr: String::new(),
+        };
+        let _lock = self.cache.lock(&p.key).map_err(store)?;
+        match self.cache.lookup(&p.key) {
+            Lookup::Hit(e) => return Ok((e, None)),
+            Lookup::Corrupt(why) => {
+                ui.warn(format!(
+                    "rebuilding {}: cached object is corrupt ({why})",
+                    p.inst.uri
+                ));
+                self.cache.discard(&p.key).map_err(store)?;
+            }
+            Lookup::Miss => {}
+        }
+        self.compile_one(p).map(|(e, t)| (e, Some(t)))
+    }
+
+    /// Compiles one instance (nvcc's temporary files in a folder of the cache, removed after),
+    /// checks its entry points and stores it. Call with the key locked.
+    fn compile_one(&self, p: &Prepared) -> Result<(Entry, Duration), Failure> {
+        let fail = |kind: FailureKind, command: String, status: String, stderr: String| Failure {
+            uri: p.inst.uri.clone(),
+            kind,
             command,
             status,
             stderr,
         };
-        let tmp = self
-            .cache
-            .temp_output(&p.inst.uri)
-            .map_err(|e| fail(String::new(), e.to_string(), String::new()))?;
-        let cmd = self.command(p, &tmp);
-        let took = cmd
-            .run()
-            .map_err(|(status, stderr)| fail(cmd.shell_line(), status, stderr))?;
-        let entry = self.cache.insert(&p.key, &p.inst.uri, tmp).map_err(|e| {
+        let store = |cmd: &NvccCommand, e: anyhow::Error| {
             fail(
+                FailureKind::Store,
                 cmd.shell_line(),
-                format!("cannot store the result: {e:#}"),
+                format!("{e:#}"),
+                String::new(),
+            )
+        };
+        let tmp = self.cache.temp_output(&p.inst.uri).map_err(|e| {
+            fail(
+                FailureKind::Store,
+                String::new(),
+                format!("{e:#}"),
                 String::new(),
             )
         })?;
+        let cmd = self.command(p, &tmp);
+        let scratch = self
+            .cache
+            .compile_dir(&p.inst.uri)
+            .map_err(|e| store(&cmd, e))?;
+        let took = cmd.run(scratch.path()).map_err(|(status, stderr)| {
+            fail(FailureKind::Compile, cmd.shell_line(), status, stderr)
+        })?;
+        drop(scratch);
+        let bytes = std::fs::read(&tmp)
+            .with_context(|| format!("cannot read nvcc's output {}", tmp.display()))
+            .map_err(|e| store(&cmd, e))?;
+        let missing = missing_entry_points(&bytes, &self.matrix.module(p.inst).entry_points)
+            .map_err(|e| fail(FailureKind::EntryPoint, cmd.shell_line(), e, String::new()))?;
+        if !missing.is_empty() {
+            let text: Vec<String> = missing
+                .iter()
+                .map(|s| format!("entry point `{s}` is not exported by the built .so"))
+                .collect();
+            return Err(fail(
+                FailureKind::EntryPoint,
+                cmd.shell_line(),
+                text.join("; "),
+                String::new(),
+            ));
+        }
+        let entry = self
+            .cache
+            .insert(&p.key, &p.inst.uri, tmp, &bytes)
+            .map_err(|e| store(&cmd, e))?;
         Ok((entry, took))
     }
 
-    /// One entry per built instance; rewritten only when it changes.
-    fn write_manifest(&self, out_dir: &Path, built: &[Built]) -> Result<()> {
-        let manifest = json!({
+    /// The manifest of `built`: what `--out/manifest.json` holds and what the wheel ships.
+    pub fn manifest_json(&self, built: &[Built]) -> Json {
+        json!({
             "flashgen_version": env!("CARGO_PKG_VERSION"),
             "toolchain": {
                 "nvcc": self.toolchain.nvcc,
@@ -387,10 +563,14 @@ impl<'m> Builder<'m> {
             },
             "archs": self.archs.iter().flat_map(Arch::targets).collect::<Vec<_>>(),
             "instances": built.iter().map(|b| self.instance_json(b, false)).collect::<Vec<_>>(),
-        });
+        })
+    }
+
+    /// One entry per built instance; rewritten only when it changes.
+    fn write_manifest(&self, out_dir: &Path, built: &[Built]) -> Result<()> {
         fsutil::write_if_changed(
             &out_dir.join("manifest.json"),
-            serde_json::to_string_pretty(&manifest)?.as_bytes(),
+            serde_json::to_string_pretty(&self.manifest_json(built))?.as_bytes(),
         )?;
         Ok(())
     }
@@ -418,7 +598,7 @@ impl<'m> Builder<'m> {
 }
 
 /// `-I` folders after the generated header's: `include/`, then user variants' folders.
-fn search_dirs(matrix: &Matrix) -> Vec<PathBuf> {
+pub fn search_dirs(matrix: &Matrix) -> Vec<PathBuf> {
     let mut dirs = vec![matrix.root.join("include")];
     for v in &matrix.variants {
         if let HeaderPath::External(p) = &v.header {
@@ -431,13 +611,72 @@ fn search_dirs(matrix: &Matrix) -> Vec<PathBuf> {
     dirs
 }
 
-/// Links (or copies) a cache object into `--out`, unless that exact file is already there.
-fn place_if_needed(src: &Path, dst: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if let (Ok(a), Ok(b)) = (std::fs::metadata(src), std::fs::metadata(dst)) {
-        if a.ino() == b.ino() && a.dev() == b.dev() {
-            return Ok(());
-        }
+/// Puts a copy of the cache object `entry` at `dst`, unless `dst` already holds exactly its
+/// bytes (checked by sha256: an edited output with the old size and mtime is still replaced).
+fn place_verified(entry: &Entry, dst: &Path) -> Result<()> {
+    let same = std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_file() && m.len() == entry.size)
+        && fsutil::sha256_file(dst).is_ok_and(|sha| sha == entry.sha256);
+    if same {
+        return Ok(());
     }
-    fsutil::place_file(src, dst)
+    fsutil::place_file(&entry.path, dst)
+}
+
+/// Which of `names` the ELF shared object `bytes` does not export as defined dynamic symbols
+/// of default visibility; an error when it is not an ELF file.
+fn missing_entry_points(bytes: &[u8], names: &[String]) -> Result<Vec<String>, String> {
+    use goblin::elf::sym::{STB_GLOBAL, STB_WEAK, STV_DEFAULT};
+    let elf = goblin::elf::Elf::parse(bytes)
+        .map_err(|e| format!("the built .so is not a readable ELF file: {e}"))?;
+    let exported: std::collections::HashSet<&str> = elf
+        .dynsyms
+        .iter()
+        .filter(|s| {
+            s.st_shndx != goblin::elf::section_header::SHN_UNDEF as usize
+                && matches!(s.st_bind(), STB_GLOBAL | STB_WEAK)
+                && s.st_visibility() == STV_DEFAULT
+        })
+        .filter_map(|s| elf.dynstrtab.get_at(s.st_name))
+        .collect();
+    Ok(names
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .cloned()
+        .collect())
+}
+
+/// Writes the build marker into `dir` when the build created it or it holds only what a build
+/// writes there (an output folder of an older flashgen); a folder with other files stays
+/// unmarked, so `flashgen clean` never removes, say, a source tree passed as `--out`.
+fn mark_build_dir(dir: &Path, existed: bool) -> Result<()> {
+    let marker = dir.join(BUILD_MARKER);
+    if marker.is_file() {
+        return Ok(());
+    }
+    let ours = |name: &str| {
+        name == BUILD_MARKER
+            || name == "manifest.json"
+            || name == "generated"
+            || name == ".flashgen-stamp"
+            || name.starts_with(".tmp-")
+            || name.ends_with(".so")
+    };
+    let adopt = !existed
+        || std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .flatten()
+            .all(|e| ours(&e.file_name().to_string_lossy()));
+    if adopt {
+        fsutil::write_atomic(
+            &marker,
+            b"flashgen build output: `flashgen clean` may remove this folder\n",
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a real folder (not a symlink) that carries the build marker.
+pub fn is_build_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+        && std::fs::symlink_metadata(dir.join(BUILD_MARKER)).is_ok_and(|m| m.is_file())
 }

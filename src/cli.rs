@@ -41,7 +41,7 @@ pub enum Command {
     Build(BuildArgs),
     /// Build the precompiled subset (or the filtered set) and package it as a wheel.
     BuildWheel(WheelArgs),
-    /// Remove build output and the cache, reporting what was freed.
+    /// Remove build output folders (and, with --cache, the shared cache), reporting what was freed.
     Clean(CleanArgs),
     /// Show the toolchain, architectures, job count and cache that a build would use.
     Doctor(DoctorArgs),
@@ -133,12 +133,15 @@ pub struct WheelArgs {
 
 #[derive(Debug, Args)]
 pub struct CleanArgs {
-    /// Build output folders to remove.
+    /// Build output folders to remove; only folders a build marked (.flashgen-build) are removed.
     #[arg(long, value_name = "DIR", default_values = ["build/flashgen", "build/wheel"])]
     pub out: Vec<PathBuf>,
-    /// Keep the cache (FLASHGEN_CACHE_DIR); remove only build output.
+    /// Also remove the shared cache (FLASHGEN_CACHE_DIR), if it carries flashgen's CACHEDIR.TAG.
     #[arg(long)]
-    pub keep_cache: bool,
+    pub cache: bool,
+    /// Print what would be removed, and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -2,9 +2,18 @@
 //!
 //! The command is complete and standalone: the error shown on failure, and each entry of
 //! `compile_commands.json`, can be pasted into a shell to reproduce the compile alone.
+//!
+//! nvcc never outlives the build. It runs under a guard: the flashgen binary re-executed with
+//! [`GUARD_ARG`], leader of its own process group, holding the read end of a pipe whose write
+//! end only the build holds. However the build ends (exit, SIGINT, `kill -9`), the kernel closes
+//! that pipe, and the guard kills its process group: nvcc and everything nvcc started (cicc,
+//! ptxas, cudafe++, the host compiler), which inherit the group. A parent-death signal alone
+//! would reach nvcc but not its children.
 
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::arch::Arch;
@@ -79,17 +88,94 @@ impl NvccCommand {
             .collect()
     }
 
-    /// Runs nvcc; on failure returns its status text and stderr.
-    pub fn run(&self) -> Result<Duration, (String, String)> {
+    /// Runs nvcc under the guard, with `TMPDIR` set to `tmpdir` (a folder the build owns and
+    /// removes); on failure returns its status text and output.
+    pub fn run(&self, tmpdir: &Path) -> Result<Duration, (String, String)> {
         let start = Instant::now();
-        match Command::new(&self.program).args(&self.args).output() {
+        let exe = std::env::current_exe().map_err(|e| {
+            (
+                format!("could not start: cannot locate flashgen: {e}"),
+                String::new(),
+            )
+        })?;
+        let child = Command::new(exe)
+            .arg(GUARD_ARG)
+            .arg(&self.program)
+            .args(&self.args)
+            .env("TMPDIR", tmpdir)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => return Err((format!("could not start: {e}"), String::new())),
+        };
+        // The lifeline: held open until nvcc is done (wait_with_output would close it first).
+        let lifeline = child.stdin.take();
+        let out = child.wait_with_output();
+        drop(lifeline);
+        match out {
             Ok(out) if out.status.success() => Ok(start.elapsed()),
             Ok(out) => {
                 let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
                 text.push_str(&String::from_utf8_lossy(&out.stdout));
                 Err((out.status.to_string(), text))
             }
-            Err(e) => Err((format!("could not start: {e}"), String::new())),
+            Err(e) => Err((format!("could not wait for nvcc: {e}"), String::new())),
+        }
+    }
+}
+
+/// The hidden first argument that runs the flashgen binary as an nvcc guard (see the module
+/// doc). A binary that builds through this library must call [`guard_main`] when it sees it.
+pub const GUARD_ARG: &str = "__nvcc-guard";
+
+/// The guard: runs `args` (nvcc and its arguments) in this process group, kills the whole group
+/// when stdin reaches end of file (the build is gone), and exits as nvcc did.
+pub fn guard_main(args: Vec<OsString>) -> ! {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("flashgen {GUARD_ARG}: no program given");
+        std::process::exit(2);
+    };
+    let mut child = match Command::new(program)
+        .args(rest)
+        .stdin(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot start {}: {e}", Path::new(program).display());
+            std::process::exit(127);
+        }
+    };
+    std::thread::spawn(|| {
+        let mut buf = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+        // SAFETY: kill(2) with pid 0 signals this process group, which the guard leads.
+        unsafe { libc::kill(0, libc::SIGKILL) };
+    });
+    match child.wait() {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => std::process::exit(code),
+            (None, Some(sig)) => {
+                // Die the same way, so the build reports nvcc's signal.
+                // SAFETY: resetting a signal to its default action and raising it.
+                unsafe {
+                    libc::signal(sig, libc::SIG_DFL);
+                    libc::raise(sig);
+                }
+                std::process::exit(128 + sig)
+            }
+            _ => std::process::exit(1),
+        },
+        Err(e) => {
+            eprintln!("cannot wait for {}: {e}", Path::new(program).display());
+            std::process::exit(1)
         }
     }
 }

@@ -35,19 +35,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Places `src` at `dst` atomically: a hard link when both are on one file system, else a copy.
+/// Places a copy of `src` at `dst` atomically (a temp file beside `dst`, then rename). A copy,
+/// never a hard link: editing or truncating an output must not reach the cache object it came
+/// from. `std::fs::copy` may still share blocks (a reflink) where the file system supports it.
 pub fn place_file(src: &Path, dst: &Path) -> Result<()> {
     let dir = dst.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = tempfile::Builder::new()
         .prefix(".tmp-")
-        .tempfile_in(dir)?
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a temp file in {}", dir.display()))?
         .into_temp_path();
-    std::fs::remove_file(&tmp)?;
-    if std::fs::hard_link(src, &tmp).is_err() {
-        std::fs::copy(src, &tmp)
-            .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
-    }
+    std::fs::copy(src, &tmp)
+        .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
     tmp.persist(dst)
         .with_context(|| format!("cannot write {}", dst.display()))?;
     Ok(())
@@ -81,11 +81,28 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// A file's mtime in nanoseconds since the epoch (what records and stamps compare).
+pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
+}
+
 pub fn sha256_file(path: &Path) -> Result<String> {
-    use sha2::{Digest, Sha256};
     let mut f =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(sha256_reader(&mut f)?)
+}
+
+pub fn sha256_reader(r: &mut impl std::io::Read) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h)?;
+    std::io::copy(r, &mut h)?;
     Ok(format!("{:x}", h.finalize()))
+}
+
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(bytes))
 }

@@ -7,8 +7,16 @@
 //! user variant headers. A later build with the same stamp, whose outputs are all present, is
 //! done without generating, hashing or looking up anything. Any slow-path build removes the
 //! stamp before it places a file, so a killed build never leaves a stamp over mixed outputs.
+//!
+//! The stamp also lists the size and mtime (ns) of every output and of `manifest.json`, so an
+//! output edited, truncated or replaced by hand sends the next build down the slow path, which
+//! puts the cache's bytes back. One stat per output keeps the no-op fast.
 
 use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::fsutil::mtime_ns;
 
 use sha2::{Digest, Sha256};
 
@@ -29,7 +37,7 @@ pub fn compute(
     toolchain: &[&str],
 ) -> String {
     let mut h = Sha256::new();
-    h.update(concat!("flashgen-stamp-v1 ", env!("CARGO_PKG_VERSION")));
+    h.update(concat!("flashgen-stamp-v2 ", env!("CARGO_PKG_VERSION")));
     h.update(matrix.config_text.as_bytes());
     for f in flags
         .iter()
@@ -77,6 +85,36 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Writes the stamp for `out_dir`: the hash line, then `size mtime_ns name` for each output.
+pub fn write(out_dir: &Path, stamp: &str, outputs: &[PathBuf]) -> Result<()> {
+    let mut text = format!("{stamp}\n");
+    for o in outputs {
+        let m =
+            std::fs::symlink_metadata(o).with_context(|| format!("cannot stat {}", o.display()))?;
+        let name = o.file_name().unwrap_or_default().to_string_lossy();
+        text.push_str(&format!("{} {} {name}\n", m.len(), mtime_ns(&m)));
+    }
+    crate::fsutil::write_atomic(&path(out_dir), text.as_bytes())
+}
+
+/// The stamp on `out_dir` is `stamp` and every output it lists is still a regular file with
+/// the recorded size and mtime.
 pub fn matches(out_dir: &Path, stamp: &str) -> bool {
-    std::fs::read_to_string(path(out_dir)).is_ok_and(|s| s == stamp)
+    let Ok(text) = std::fs::read_to_string(path(out_dir)) else {
+        return false;
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(stamp) {
+        return false;
+    }
+    lines.all(|line| {
+        let mut parts = line.splitn(3, ' ');
+        let (Some(size), Some(mtime), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        std::fs::symlink_metadata(out_dir.join(name)).is_ok_and(|m| {
+            m.is_file() && size == m.len().to_string() && mtime == mtime_ns(&m).to_string()
+        })
+    })
 }

@@ -38,7 +38,23 @@ struct Versions {
 }
 
 impl Toolchain {
-    pub fn discover(cache_dir: &Path) -> Result<Toolchain> {
+    /// A stand-in that names `nvcc` (found on PATH when the command runs) and no library
+    /// folders: what `compile_commands.json` says when no toolchain was found.
+    pub fn placeholder() -> Toolchain {
+        Toolchain {
+            nvcc: PathBuf::from("nvcc"),
+            found_by: "placeholder".into(),
+            nvcc_version: "unknown".into(),
+            nvcc_version_text: String::new(),
+            host_compiler: String::new(),
+            host_compiler_path: std::env::var_os("NVCC_CCBIN")
+                .map_or_else(|| PathBuf::from("g++"), PathBuf::from),
+            lib_dirs: Vec::new(),
+        }
+    }
+
+    /// `cache_dir` holds the version memo; without one (an unusable cache) versions are asked.
+    pub fn discover(cache_dir: Option<&Path>) -> Result<Toolchain> {
         let (nvcc, found_by) = find_nvcc()?;
         let host_compiler_path = std::env::var_os("NVCC_CCBIN")
             .map(PathBuf::from)
@@ -182,7 +198,7 @@ fn ask_python(python: &Path) -> Option<PathBuf> {
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-fn versions(cache_dir: &Path, nvcc: &Path, host: &Path) -> Result<Versions> {
+fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versions> {
     let mut id = Sha256::new();
     for p in [nvcc, host] {
         let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
@@ -193,10 +209,11 @@ fn versions(cache_dir: &Path, nvcc: &Path, host: &Path) -> Result<Versions> {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
         id.update(format!("{}|{}|{:?}\n", p.display(), meta.len(), mtime));
     }
-    let memo = cache_dir
-        .join("toolchain")
-        .join(format!("{:x}.json", id.finalize()));
-    if let Ok(text) = std::fs::read_to_string(&memo) {
+    let memo = cache_dir.map(|d| {
+        d.join("toolchain")
+            .join(format!("{:x}.json", id.finalize()))
+    });
+    if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
         if let Ok(v) = serde_json::from_str::<Versions>(&text) {
             return Ok(v);
         }
@@ -206,7 +223,9 @@ fn versions(cache_dir: &Path, nvcc: &Path, host: &Path) -> Result<Versions> {
         host: version_text(host)?,
     };
     // A cache we cannot write only costs a process next time.
-    let _ = fsutil::write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
+    if let Some(memo) = memo {
+        let _ = fsutil::write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
+    }
     Ok(v)
 }
 

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 
-use crate::build::{default_jobs, BuildOptions, BuildReport, Builder};
+use crate::build::{default_jobs, BuildOptions, BuildReport, Builder, FailureKind};
 use crate::cli::{BuildArgs, CompileArgs};
 use crate::matrix::Matrix;
 use crate::ui::Ui;
@@ -19,7 +19,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
     )?;
     let report = builder.build(
         &selected,
-        &options(&args.compile, &builder, args.out.clone()),
+        &options(&args.compile, &builder, args.out.clone(), &ui)?,
         &ui,
     )?;
     if args.json {
@@ -35,14 +35,16 @@ pub(crate) fn options(
     c: &CompileArgs,
     builder: &Builder,
     out_dir: std::path::PathBuf,
-) -> BuildOptions {
-    BuildOptions {
+    ui: &Ui,
+) -> Result<BuildOptions> {
+    Ok(BuildOptions {
         out_dir,
         archs: builder.archs.clone(),
-        jobs: default_jobs(c.jobs),
+        jobs: default_jobs(c.jobs, ui)?,
         keep_going: c.keep_going,
         compress: !c.no_compress,
-    }
+        use_stamp: true,
+    })
 }
 
 pub(crate) fn summary_json(
@@ -54,7 +56,7 @@ pub(crate) fn summary_json(
     json!({
         "built": compiled,
         "cached": r.built.len() - compiled,
-        "failed": r.failures.iter().map(|f| json!({"uri": f.uri, "command": f.command, "status": f.status, "stderr": f.stderr})).collect::<Vec<_>>(),
+        "failed": r.failures.iter().map(|f| json!({"uri": f.uri, "kind": f.kind.as_str(), "command": f.command, "status": f.status, "stderr": f.stderr})).collect::<Vec<_>>(),
         "not_started": r.not_started,
         "wall_s": r.wall.as_secs_f64(),
         "out": std::path::absolute(out).unwrap_or_else(|_| out.to_path_buf()),
@@ -68,19 +70,33 @@ pub(crate) fn summary_json(
 /// Prints failures in full and the one-line summary; an error when anything failed.
 pub(crate) fn finish(r: &BuildReport, ui: &Ui, out: &std::path::Path) -> Result<()> {
     for f in &r.failures {
-        eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
-        eprintln!("command (reproduces this compile alone):\n  {}", f.command);
-        eprintln!("--- stderr ---");
-        let text = f.stderr.trim_end();
-        eprintln!(
-            "{}",
-            if text.is_empty() {
-                "<stderr is empty>"
-            } else {
-                text
+        match f.kind {
+            FailureKind::Compile => {
+                eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
+                eprintln!("command (reproduces this compile alone):\n  {}", f.command);
+                eprintln!("--- stderr ---");
+                let text = f.stderr.trim_end();
+                eprintln!(
+                    "{}",
+                    if text.is_empty() {
+                        "<stderr is empty>"
+                    } else {
+                        text
+                    }
+                );
+                eprintln!("--------------");
             }
-        );
-        eprintln!("--------------");
+            FailureKind::Store => {
+                eprintln!(
+                    "error: {}: nvcc succeeded but the result could not be stored: {}",
+                    f.uri, f.status
+                );
+            }
+            FailureKind::EntryPoint => {
+                eprintln!("error: {}: {} (nothing was cached)", f.uri, f.status);
+                eprintln!("command:\n  {}", f.command);
+            }
+        }
     }
     let compiled = r.built.iter().filter(|b| !b.cached).count();
     ui.status(format!(
@@ -105,7 +121,7 @@ pub(crate) fn finish(r: &BuildReport, ui: &Ui, out: &std::path::Path) -> Result<
             " (stopped early; --keep-going builds the rest)"
         };
         bail!(
-            "{} instance(s) failed to compile: {}{hint}",
+            "{} instance(s) failed to build: {}{hint}",
             uris.len(),
             uris.join(", ")
         );

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use crate::build::BuildReport;
+use crate::build::{BuildReport, Builder};
 use crate::cli::WheelArgs;
-use crate::fsutil::{human_bytes, sha256_file};
+use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
@@ -38,7 +38,9 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         )?;
     }
     let builder = super::builder(matrix, c.arch.as_deref(), !c.no_compress)?;
-    let opts = super::build::options(c, &builder, args.build_dir.clone());
+    let mut opts = super::build::options(c, &builder, args.build_dir.clone(), &ui)?;
+    // The wheel ships what the cache verified in this run, never what a stamp vouches for.
+    opts.use_stamp = false;
     let report = builder.build(&selected, &opts, &ui)?;
     super::build::finish(&report, &ui, &args.build_dir)?;
     check_sources_unchanged(&builder.hashed_inputs(), &sources)?;
@@ -75,7 +77,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     for f in python.into_iter().chain(sources) {
         w.add_bytes(&f.archive, f.bytes, f.executable)?;
     }
-    add_aot(&mut w, &report, &args.build_dir)?;
+    add_aot(&mut w, &builder, &report)?;
     let describe = super::describe::describe_json(matrix);
     w.add_bytes(
         &format!("{PACKAGE}/_data/matrix.json"),
@@ -128,23 +130,27 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The built `.so` files (re-hashed: only bytes matching the cache's record ship) and their
-/// manifest, under `flashgen/_aot/`.
-fn add_aot(w: &mut WheelBuilder, report: &BuildReport, build_dir: &Path) -> Result<()> {
+/// The built `.so` files and their manifest, under `flashgen/_aot/`. Each file is read once;
+/// those bytes are hashed, checked against the sha256 the cache record gave this run, and
+/// packed. The manifest is serialized from the same in-memory result, not read back.
+fn add_aot(w: &mut WheelBuilder, builder: &Builder, report: &BuildReport) -> Result<()> {
     for b in &report.built {
-        let sha = sha256_file(&b.path)?;
+        let bytes =
+            std::fs::read(&b.path).with_context(|| format!("cannot read {}", b.path.display()))?;
+        let sha = sha256_bytes(&bytes);
         if sha != b.entry.sha256 {
             bail!(
-                "{} does not match its cache record (sha256 {sha}, recorded {}); run `flashgen clean` and build again",
+                "{} does not match its cache record (sha256 {sha}, recorded {}); build again",
                 b.path.display(),
                 b.entry.sha256
             );
         }
-        w.add_file(&format!("{PACKAGE}/_aot/{}.so", b.inst.uri), &b.path)?;
+        w.add_bytes(&format!("{PACKAGE}/_aot/{}.so", b.inst.uri), bytes, true)?;
     }
-    w.add_file(
+    w.add_bytes(
         &format!("{PACKAGE}/_aot/manifest.json"),
-        &build_dir.join("manifest.json"),
+        serde_json::to_string_pretty(&builder.manifest_json(&report.built))?.into_bytes(),
+        false,
     )
 }
 

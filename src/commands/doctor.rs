@@ -13,19 +13,19 @@ use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
 pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Result<()> {
-    let cache = Cache::default_dir();
-    let toolchain = Toolchain::discover(&cache);
+    let cache = Cache::default_dir().and_then(Cache::open).map(|c| c.dir);
+    let toolchain = Toolchain::discover(cache.as_ref().ok().map(PathBuf::as_path));
     let matrix = Matrix::load(config, variants_files);
     let config_archs = matrix.as_ref().map(|m| m.archs.clone()).unwrap_or_default();
     let archs = arch::resolve(args.arch.as_deref(), &config_archs);
-    let jobs = default_jobs(None);
+    let jobs = default_jobs(None, &crate::ui::Ui::new(true));
     let err = |e: &anyhow::Error| format!("{e:#}");
     if args.json {
         let v = json!({
             "toolchain": toolchain.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |t| json!(t)),
             "archs": archs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |(a, src)| json!({"list": super::archs_text(a), "from": src})),
-            "jobs": jobs,
-            "cache_dir": cache,
+            "jobs": jobs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |j| json!(j)),
+            "cache_dir": cache.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |d| json!(d)),
             "config": matrix.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |m| json!({"path": m.config_path, "instances": m.instances.len(), "aot": m.instances.iter().filter(|i| i.aot).count()})),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -46,8 +46,14 @@ pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Resu
             Ok((a, src)) => println!("archs:         {} (from {src})", super::archs_text(a)),
             Err(e) => println!("archs:         {e}"),
         }
-        println!("jobs:          {jobs}");
-        println!("cache:         {}", super::display(&cache));
+        match &jobs {
+            Ok(j) => println!("jobs:          {j}"),
+            Err(e) => println!("jobs:          {e}"),
+        }
+        match &cache {
+            Ok(d) => println!("cache:         {}", super::display(d)),
+            Err(e) => println!("cache:         {e:#}"),
+        }
         match &matrix {
             Ok(m) => println!(
                 "config:        {} ({} instances, {} precompiled)",

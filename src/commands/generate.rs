@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde_json::json;
 
-use crate::build::Prepared;
+use crate::arch;
+use crate::build;
 use crate::cli::GenerateArgs;
 use crate::codegen;
+use crate::compile::{self, NvccCommand};
 use crate::fsutil;
 use crate::matrix::Matrix;
+use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
 pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
@@ -17,12 +20,26 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     super::check_out_dir(matrix, &args.out, "--out")?;
     let selected = args.filter.select(matrix)?;
     let builder = super::builder(matrix, args.arch.as_deref(), true);
-    if let Err(e) = &builder {
-        ui.warn(format!("compile_commands.json will say `nvcc`: {e}"));
-    }
+    // Without a toolchain the commands still name `nvcc`, with every flag and folder they need.
+    let (toolchain, flags) = match &builder {
+        Ok(b) => (b.toolchain.clone(), b.flags.clone()),
+        Err(e) => {
+            ui.warn(format!("compile_commands.json will say `nvcc`: {e}"));
+            let (archs, _) = arch::resolve(args.arch.as_deref(), &matrix.archs)?;
+            (
+                Toolchain::placeholder(),
+                compile::output_flags(&matrix.nvcc_flags, &archs, true),
+            )
+        }
+    };
+    let search_dirs = build::search_dirs(matrix);
     let out = std::path::absolute(&args.out)?;
     let mut commands = Vec::new();
-    let mut entry = |argv: Vec<String>, source: PathBuf, output: PathBuf| {
+    // One entry: the header's folder first on the include path, then the project's.
+    let mut entry = |header_dir: PathBuf, source: PathBuf, output: PathBuf| {
+        let mut include_dirs = vec![header_dir];
+        include_dirs.extend(search_dirs.iter().cloned());
+        let argv = NvccCommand::new(&toolchain, &flags, &include_dirs, &source, &output).argv();
         commands.push(json!({
             "directory": matrix.root,
             "arguments": argv,
@@ -54,37 +71,15 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let dir = out.join(&m.name);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
             let source = matrix.root.join("csrc").join(&m.source);
-            let output = out.join(format!("{}.so", m.name));
-            if let Ok(b) = &builder {
-                let mut include_dirs = vec![dir];
-                include_dirs.extend(b.search_dirs.iter().cloned());
-                let p = Prepared {
-                    inst: insts[0],
-                    header,
-                    include_dirs,
-                    source: source.clone(),
-                    key: String::new(),
-                };
-                entry(b.command(&p, &output).argv(), source, output);
-            }
+            entry(dir, source, out.join(format!("{}.so", m.name)));
         }
     } else {
-        match &builder {
-            Ok(b) => {
-                for p in b.prepare(&selected, Some(&out))? {
-                    let output = out.join(format!("{}.so", p.inst.uri));
-                    entry(b.command(&p, &output).argv(), p.source.clone(), output);
-                }
-            }
-            Err(_) => {
-                for inst in &selected {
-                    let header = codegen::instance_header(matrix, inst);
-                    fsutil::write_if_changed(
-                        &out.join(&inst.uri).join(codegen::HEADER_NAME),
-                        header.as_bytes(),
-                    )?;
-                }
-            }
+        for inst in &selected {
+            let header = codegen::instance_header(matrix, inst);
+            let dir = out.join(&inst.uri);
+            fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
+            let source = matrix.root.join("csrc").join(&matrix.module(inst).source);
+            entry(dir, source, out.join(format!("{}.so", inst.uri)));
         }
     }
     fsutil::write_if_changed(

@@ -13,7 +13,7 @@ pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
         Ok(b) => b
             .prepare(&selected, None)?
             .iter()
-            .map(|p| Some(b.cache.lookup(&p.key).is_some()))
+            .map(|p| Some(b.cache.lookup(&p.key).hit().is_some()))
             .collect(),
         Err(_) => vec![None; selected.len()],
     };

@@ -40,8 +40,8 @@ pub(crate) fn builder<'m>(
     compress: bool,
 ) -> Result<Builder<'m>> {
     let (archs, _) = arch::resolve(arch, &matrix.archs)?;
-    let cache = Cache::open(Cache::default_dir());
-    let toolchain = Toolchain::discover(&cache.dir)?;
+    let cache = Cache::open_default()?;
+    let toolchain = Toolchain::discover(Some(&cache.dir))?;
     Ok(Builder::new(matrix, toolchain, cache, archs, compress))
 }
 
