@@ -80,9 +80,7 @@ pub fn default_jobs(cli: Option<usize>, ui: &Ui) -> Result<usize> {
     }
     let cap = 4 * cores;
     if jobs > cap {
-        ui.status(format!(
-            "note: {from} {jobs} capped at {cap} (4 x {cores} cores)"
-        ));
+        ui.note(format!("{from} {jobs} capped at {cap} (4 x {cores} cores)"));
         return Ok(cap);
     }
     Ok(jobs)

@@ -78,6 +78,9 @@ impl Cache {
         if let Some(d) = set("FLASHGEN_CACHE_DIR") {
             let d = PathBuf::from(d);
             let d = match d.strip_prefix("~") {
+                Ok(rest) if rest.as_os_str().is_empty() => home().ok_or_else(|| {
+                    UsageError::new("FLASHGEN_CACHE_DIR=~: no home folder to expand `~` to")
+                })?,
                 Ok(rest) => home()
                     .ok_or_else(|| {
                         UsageError::new(format!(

@@ -29,6 +29,11 @@ impl Ui {
         }
     }
 
+    /// Something the user asked for was adjusted; shown even with --quiet or --json.
+    pub fn note(&self, msg: impl AsRef<str>) {
+        eprintln!("note: {}", msg.as_ref());
+    }
+
     pub fn warn(&self, msg: impl AsRef<str>) {
         eprintln!("warning: {}", msg.as_ref());
     }

@@ -1,0 +1,145 @@
+//! Helpers shared by the integration tests: private fixture trees, the project nvcc, output
+//! accessors. Each test file uses a subset, hence the allow.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+pub const TOY_INSTANCES: usize = 2 * 3 * 2 * 2 * 2;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A private copy of a fixture tree, so tests can edit it.
+pub struct Tree {
+    pub dir: tempfile::TempDir,
+}
+
+impl Tree {
+    pub fn new(fixture: &str) -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(&repo().join("tests/fixtures").join(fixture), dir.path());
+        Tree { dir }
+    }
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    pub fn write(&self, rel: &str, text: &str) {
+        std::fs::write(self.path(rel), text).unwrap();
+    }
+    /// `flashgen` run in this tree with its own cache.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::cargo_bin("flashgen").unwrap();
+        c.current_dir(self.dir.path())
+            .env("FLASHGEN_CACHE_DIR", self.path(".cache"));
+        c.env_remove("FLASHGEN_CUDA_ARCH_LIST")
+            .env_remove("TORCH_CUDA_ARCH_LIST")
+            .env_remove("MAX_JOBS");
+        if let Some(nvcc) = project_nvcc() {
+            c.env("FLASHGEN_NVCC", nvcc);
+        }
+        c
+    }
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+}
+
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// The pinned PyPI nvcc in the project venv (what CI installs), unless FLASHGEN_NVCC is set.
+pub fn project_nvcc() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FLASHGEN_NVCC") {
+        return Some(p.into());
+    }
+    let lib = repo().join(".venv/lib");
+    std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("site-packages/nvidia/cu13/bin/nvcc"))
+        .find(|p| p.is_file())
+}
+
+/// `--where` terms as arguments: `["a=1", "b=2"]` -> `--where a=1 --where b=2`.
+pub fn wheres(terms: &[&str]) -> Vec<String> {
+    terms
+        .iter()
+        .flat_map(|t| ["--where".to_string(), t.to_string()])
+        .collect()
+}
+
+/// The file's bytes hash to the sha256 its manifest or summary row records.
+pub fn assert_recorded_sha256(path: &Path, row: &Value) {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(
+        row["sha256"].as_str().unwrap(),
+        format!("{:x}", sha2::Sha256::digest(&bytes)),
+        "{}",
+        path.display()
+    );
+}
+
+/// A command that can find no CUDA toolchain on its own (no nvcc variables, no venv, a bare PATH).
+pub fn without_toolchain(mut c: Command) -> Command {
+    for var in [
+        "FLASHGEN_NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("PATH", "/usr/bin:/bin");
+    c
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+pub fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", stdout(o), stderr(o)))
+}
+
+pub fn assert_usage_error(o: &Output, needles: &[&str]) {
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, stderr:\n{}",
+        stderr(o)
+    );
+    for n in needles {
+        assert!(stderr(o).contains(n), "stderr lacks {n:?}:\n{}", stderr(o));
+    }
+}
+
+/// `build --out OUT --json --jobs 2 EXTRA...`, which must succeed; its JSON summary.
+pub fn build_json(t: &Tree, out: &str, extra: &[impl AsRef<std::ffi::OsStr>]) -> Value {
+    let o = t
+        .cmd()
+        .args(["build", "--out", out, "--json", "--jobs", "2"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "build failed:\n{}", stderr(&o));
+    json(&o)
+}
