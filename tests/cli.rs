@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 mod common;
