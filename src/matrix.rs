@@ -707,29 +707,49 @@ pub fn max_instances_from_env() -> Result<u64, UsageError> {
         })
 }
 
-/// Counts every module's instances (checked, before expanding anything) against `max`, and
+/// Counts every module's instances (checked, before expanding anything) against `max`, then
 /// bounds the URIs' length; a matrix too large to list fails here, fast.
 fn check_size(
     modules: &[Module],
     max: u64,
     at: &impl Fn(String) -> Located,
 ) -> Result<(), UsageError> {
-    let mut total: Option<u128> = Some(0);
-    let mut lines = Vec::new();
-    for m in modules {
-        let count = m
-            .axes
+    let count = |m: &Module| {
+        m.axes
             .iter()
-            .try_fold(1u128, |n, a| n.checked_mul(a.values.len() as u128));
-        total = total.zip(count).and_then(|(t, c)| t.checked_add(c));
-        let sizes: Vec<String> = m
-            .axes
+            .try_fold(1u128, |n, a| n.checked_mul(a.values.len() as u128))
+    };
+    let spell = |n: Option<u128>| n.map_or("more than 2^128".to_string(), |n| n.to_string());
+    let total = modules
+        .iter()
+        .try_fold(0u128, |t, m| t.checked_add(count(m)?));
+    if total.is_none_or(|t| t > u128::from(max)) {
+        let lines: Vec<String> = modules
             .iter()
-            .map(|a| format!("{} {}", a.name, a.values.len()))
+            .map(|m| {
+                let sizes: Vec<String> = m
+                    .axes
+                    .iter()
+                    .map(|a| format!("{} {}", a.name, a.values.len()))
+                    .collect();
+                format!("  {}: {} = {}", m.name, spell(count(m)), sizes.join(" x "))
+            })
             .collect();
-        let count = count.map_or("more than 2^128".to_string(), |c| c.to_string());
-        lines.push(format!("  {}: {count} = {}", m.name, sizes.join(" x ")));
-
+        let largest = modules
+            .iter()
+            .max_by_key(|m| count(m).unwrap_or(u128::MAX))
+            .map_or("", |m| m.name.as_str());
+        return Err(at(format!("modules.{largest}"))
+            .err(format!(
+                "the matrix has {} instances, more than the limit of {max}:\n{}",
+                spell(total),
+                lines.join("\n")
+            ))
+            .with_hint(
+                "split an axis or move values to another module; FLASHGEN_MAX_INSTANCES=N raises the limit",
+            ));
+    }
+    for m in modules {
         let longest = m.name.len()
             + m.axes
                 .iter()
@@ -745,26 +765,6 @@ fn check_size(
                 ))
                 .with_hint("shorten the module, axis or value names"));
         }
-    }
-    if total.is_none_or(|t| t > u128::from(max)) {
-        let total = total.map_or("more than 2^128".to_string(), |t| t.to_string());
-        let largest = modules
-            .iter()
-            .max_by_key(|m| {
-                m.axes
-                    .iter()
-                    .try_fold(1u128, |n, a| n.checked_mul(a.values.len() as u128))
-                    .unwrap_or(u128::MAX)
-            })
-            .map_or("", |m| m.name.as_str());
-        return Err(at(format!("modules.{largest}"))
-            .err(format!(
-                "the matrix has {total} instances, more than the limit of {max}:\n{}",
-                lines.join("\n")
-            ))
-            .with_hint(
-                "split an axis or move values to another module; FLASHGEN_MAX_INSTANCES=N raises the limit",
-            ));
     }
     Ok(())
 }
