@@ -285,7 +285,7 @@ impl Matrix {
                     axis.values
                         .extend(user_variants.iter().map(|v| Value::Name(v.name.clone())));
                 }
-                check_c_names(&axis, &axes, &structs, decl, &aloc)?;
+                check_c_names(&axis, a, &axes, &structs, decl, &aloc)?;
                 axes.push(axis);
             }
             if decl.entry_points.is_empty() {
@@ -639,18 +639,14 @@ impl ParamUnion {
 /// structs the header's includes define.
 fn check_c_names(
     axis: &Axis,
+    declared: &config::AxisDecl,
     earlier: &[Axis],
     structs: &[&str],
     module: &config::ModuleDecl,
     loc: &Located,
 ) -> Result<(), UsageError> {
     for (i, n) in axis.c_names.iter().enumerate() {
-        let nloc = if module
-            .axes
-            .iter()
-            .find(|a| a.name == axis.name)
-            .is_some_and(|a| a.c_names.is_some())
-        {
+        let nloc = if declared.c_names.is_some() {
             loc.field(&format!("c_names[{i}]"))
         } else {
             // The default name: the fix is to choose one, or to rename the axis.
