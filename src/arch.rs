@@ -81,6 +81,11 @@ pub fn parse_list(list: &str, source: &str) -> Result<Vec<Arch>> {
 }
 
 fn parse_one(item: &str) -> Option<Arch> {
+    // Every spelling is ASCII; refusing anything else up front keeps the byte slicing below on
+    // character boundaries (`9é` would otherwise split inside `é` and panic).
+    if !item.is_ascii() {
+        return None;
+    }
     let (body, ptx) = match item.len().checked_sub(4).map(|i| item.split_at(i)) {
         Some((b, tail)) if tail.eq_ignore_ascii_case("+ptx") => (b, true),
         _ => (item, false),

@@ -126,6 +126,12 @@ pub struct AxisDecl {
     /// for a dtype axis one type alias per name.
     #[serde(default)]
     pub c_names: Option<Vec<String>>,
+    /// The range an `int` axis's values must lie in (inclusive); by default 1..=65536, which
+    /// covers sizes and counts and refuses a stray 0 or negative.
+    #[serde(default)]
+    pub min: Option<i64>,
+    #[serde(default)]
+    pub max: Option<i64>,
 }
 
 /// The precompiled subset: the union of `include` selections minus every `exclude` selection.
@@ -153,8 +159,15 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
 
 pub fn read_text(path: &Path) -> Result<String> {
     Ok(std::fs::read_to_string(path).map_err(|e| {
-        UsageError::new(format!("cannot read {}: {e}", path.display()))
-            .with_hint("run flashgen in the folder that holds variants.json, or pass --config PATH")
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            // read_to_string's own message ("stream did not contain valid UTF-8") names no file.
+            UsageError::new(format!("{}: not UTF-8 text", path.display()))
+                .with_hint("JSON files must be UTF-8; re-save the file as UTF-8")
+        } else {
+            UsageError::new(format!("cannot read {}: {e}", path.display())).with_hint(
+                "run flashgen in the folder that holds variants.json, or pass --config PATH",
+            )
+        }
     })?)
 }
 

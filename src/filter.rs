@@ -23,6 +23,9 @@ pub struct FilterArgs {
     pub aot: bool,
 }
 
+/// The longest `--where` glob accepted.
+const MAX_PATTERN_LEN: usize = 256;
+
 struct Term {
     axis: String,
     pattern: String,
@@ -106,6 +109,16 @@ impl FilterArgs {
                     UsageError::new(format!("--where `{w}`: expected AXIS=VALUE"))
                         .with_hint("for example --where head_dim=128 or --where 'dtype=*16'")
                 })?;
+                // globset panics when a pattern's regex outgrows its size limit (100k `*`);
+                // no axis value comes near this length, so longer patterns cannot match anyway.
+                if pattern.len() > MAX_PATTERN_LEN {
+                    return Err(UsageError::new(format!(
+                        "--where {axis}=...: the pattern is {} bytes long, more than {MAX_PATTERN_LEN}",
+                        pattern.len()
+                    ))
+                    .with_hint("axis values are short: match them with a short glob")
+                    .into());
+                }
                 let glob = Glob::new(pattern)
                     .map_err(|e| UsageError::new(format!("--where `{w}`: bad glob: {e}")))?
                     .compile_matcher();

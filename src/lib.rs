@@ -7,6 +7,7 @@
 
 pub mod arch;
 pub mod build;
+pub mod c_ident;
 pub mod cache;
 pub mod cli;
 pub mod codegen;
@@ -19,6 +20,7 @@ pub mod fingerprint;
 pub mod fsutil;
 pub mod instance;
 pub mod matrix;
+pub mod param_types;
 pub mod stamp;
 pub mod toolchain;
 pub mod ui;

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::Value as Json;
 
+use crate::c_ident;
 use crate::config::{self, AxisKind, ConfigFile, ParamDecl, UniqueMap, VariantDecl, VariantsFile};
 use crate::error::UsageError;
 use crate::instance::{self, Instance};
+use crate::param_types::{self, ParamType};
 
 /// One value on an axis.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,11 +53,6 @@ pub const DTYPES: &[(&str, &str)] = &[
     ("f32", "float"),
     ("fp8_e4m3", "__nv_fp8_e4m3"),
     ("fp8_e5m2", "__nv_fp8_e5m2"),
-];
-
-/// C types an additional variant parameter may have (optionally `const T*` or `T*`).
-const PARAM_BASE_TYPES: &[&str] = &[
-    "float", "double", "bool", "int32_t", "int64_t", "uint32_t", "uint64_t",
 ];
 
 #[derive(Debug, Clone)]
@@ -168,16 +165,34 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    /// Reads, validates and expands `variants.json` plus any `--variants-file`s.
+    /// Reads, validates and expands `variants.json` plus any `--variants-file`s, under the
+    /// instance limit of [`max_instances_from_env`].
     pub fn load(config_path: &Path, variants_files: &[PathBuf]) -> Result<Matrix> {
+        let max_instances = max_instances_from_env()?;
         let text = config::read_text(config_path)?;
-        let file: ConfigFile = config::parse_json(config_path, &text)?;
         let mut extra = Vec::new();
         for path in variants_files {
-            let vf: VariantsFile = config::read_json(path)?;
+            extra.push((path.clone(), config::read_text(path)?));
+        }
+        Self::from_text(config_path, text, &extra, max_instances)
+    }
+
+    /// [`load`](Matrix::load) over texts already read: `config_text` as if read from
+    /// `config_path` (whose folder holds `csrc/` and `include/`), and each `--variants-file` as
+    /// `(path, text)`. Every refusal is a [`UsageError`]; no input makes it panic.
+    pub fn from_text(
+        config_path: &Path,
+        config_text: String,
+        variants_files: &[(PathBuf, String)],
+        max_instances: u64,
+    ) -> Result<Matrix> {
+        let file: ConfigFile = config::parse_json(config_path, &config_text)?;
+        let mut extra = Vec::new();
+        for (path, text) in variants_files {
+            let vf: VariantsFile = config::parse_json(path, text)?;
             extra.push((path.clone(), vf));
         }
-        Self::from_config(config_path, text, file, extra)
+        Self::from_config(config_path, config_text, file, extra, max_instances)
     }
 
     fn from_config(
@@ -185,45 +200,36 @@ impl Matrix {
         config_text: String,
         file: ConfigFile,
         extra: Vec<(PathBuf, VariantsFile)>,
+        max_instances: u64,
     ) -> Result<Matrix> {
-        let root = config_path
-            .parent()
-            .map(|p| {
-                if p.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    p
-                }
-            })
-            .unwrap_or(Path::new("."));
-        let root = std::path::absolute(root)?;
+        let root = std::path::absolute(folder_of(config_path))?;
         let at = |field: String| Located {
             file: config_path.to_path_buf(),
             field,
         };
 
         for (i, inc) in file.includes.iter().enumerate() {
-            if !root.join("include").join(inc).is_file() {
-                return Err(at(format!("includes[{i}]"))
-                    .err(format!(
-                        "include/{inc} does not exist under {}",
-                        root.display()
-                    ))
-                    .into());
-            }
+            resolve_inside(&root, "include", inc)
+                .map_err(|m| at(format!("includes[{i}]")).err(m))?;
         }
         let mut variants = Vec::new();
+        let mut params = ParamUnion::default();
         for (name, decl) in file.variants.iter() {
-            variants.push(check_variant(
-                &root,
-                name,
-                decl,
-                false,
-                &at(format!("variants.{name}")),
-            )?);
+            let loc = at(format!("variants.{name}"));
+            let v = check_variant(&root, None, name, decl, &loc)?;
+            params.add(&v, &loc)?;
+            variants.push(v);
         }
         let mut user_variants = Vec::new();
         for (path, vf) in &extra {
+            // A user header must sit beside the variants file that names it (or under include/),
+            // so a variants file cannot pull an arbitrary file into the build.
+            let dir = std::fs::canonicalize(folder_of(path)).map_err(|e| {
+                UsageError::new(format!(
+                    "{}: cannot resolve its folder: {e}",
+                    path.display()
+                ))
+            })?;
             for (name, decl) in vf.variants.iter() {
                 let loc = Located {
                     file: path.clone(),
@@ -238,24 +244,22 @@ impl Matrix {
                         .err(format!("variant `{name}` is already declared"))
                         .into());
                 }
-                user_variants.push(check_variant(&root, name, decl, true, &loc)?);
+                let v = check_variant(&root, Some(&dir), name, decl, &loc)?;
+                params.add(&v, &loc)?;
+                user_variants.push(v);
             }
         }
+        let structs: Vec<&str> = variants
+            .iter()
+            .chain(&user_variants)
+            .map(|v| v.struct_name.as_str())
+            .collect();
 
         let mut modules = Vec::new();
         for (name, decl) in file.modules.iter() {
             let loc = at(format!("modules.{name}"));
-            check_identifier(name, &loc)?;
-            if !root.join("csrc").join(&decl.source).is_file() {
-                return Err(loc
-                    .field("source")
-                    .err(format!(
-                        "csrc/{} does not exist under {}",
-                        decl.source,
-                        root.display()
-                    ))
-                    .into());
-            }
+            check_name(name, &loc)?;
+            resolve_inside(&root, "csrc", &decl.source).map_err(|m| loc.field("source").err(m))?;
             if decl.axes.is_empty() {
                 return Err(loc
                     .field("axes")
@@ -265,7 +269,12 @@ impl Matrix {
             let mut axes: Vec<Axis> = Vec::new();
             for (i, a) in decl.axes.iter().enumerate() {
                 let aloc = loc.field(&format!("axes[{i}]"));
-                check_identifier(&a.name, &aloc.field("name"))?;
+                check_name(&a.name, &aloc.field("name"))?;
+                check_generated(
+                    &a.name,
+                    &format!("DISPATCH_{}", a.name),
+                    &aloc.field("name"),
+                )?;
                 if axes.iter().any(|b| b.name == a.name) {
                     return Err(aloc
                         .err(format!("axis `{}` is declared twice", a.name))
@@ -276,6 +285,7 @@ impl Matrix {
                     axis.values
                         .extend(user_variants.iter().map(|v| Value::Name(v.name.clone())));
                 }
+                check_c_names(&axis, a, &axes, &structs, decl, &aloc)?;
                 axes.push(axis);
             }
             if decl.entry_points.is_empty() {
@@ -283,6 +293,9 @@ impl Matrix {
                     .field("entry_points")
                     .err("list the exported symbols")
                     .into());
+            }
+            for (i, e) in decl.entry_points.iter().enumerate() {
+                check_name(e, &loc.field(&format!("entry_points[{i}]")))?;
             }
             let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
                 list.iter()
@@ -305,6 +318,7 @@ impl Matrix {
                 .into());
         }
         variants.extend(user_variants);
+        check_size(&modules, max_instances, &at)?;
 
         let instances = instance::expand(&modules, |m, choice| modules_aot(m, choice, &variants));
         let mut seen = std::collections::HashMap::new();
@@ -426,82 +440,341 @@ impl Located {
     }
 }
 
-fn check_identifier(name: &str, loc: &Located) -> Result<(), UsageError> {
-    let ok = !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with(|c: char| c.is_ascii_digit());
-    if ok {
-        Ok(())
-    } else {
-        Err(loc.err(format!(
-            "`{name}` is not a C identifier (letters, digits and _, not leading digit)"
-        )))
+/// A name the generated header uses as a C identifier (module, axis, variant, entry point).
+fn check_name(name: &str, loc: &Located) -> Result<(), UsageError> {
+    c_ident::check(name).map_err(|m| loc.err(m).with_hint(IDENT_HINT))
+}
+
+/// A name the generated header declares as is (struct, parameter, constant): also not one of the
+/// header's own names.
+fn check_declared_name(name: &str, loc: &Located) -> Result<(), UsageError> {
+    c_ident::check_not_generated(name).map_err(|m| loc.err(m).with_hint(IDENT_HINT))
+}
+
+/// `name` is pasted into `composed` (`DISPATCH_<axis>`, `FlashgenVariant_<name>`, ...), which
+/// must still be an identifier the compiler leaves to us (an `_` at the seam makes a `__`).
+fn check_generated(name: &str, composed: &str, loc: &Located) -> Result<(), UsageError> {
+    c_ident::check(composed).map_err(|_| {
+        loc.err(format!(
+            "`{name}` makes the generated name `{composed}`, which C++ reserves (`__`)"
+        ))
+        .with_hint(IDENT_HINT)
+    })
+}
+
+const IDENT_HINT: &str = "use a plain C identifier: letters, digits and single underscores, \
+     not a keyword, not starting with `_`";
+
+/// The folder a file path names, `.` for a bare file name (`variants.json`).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     }
+}
+
+/// Resolves `given`, relative to `<root>/<sub>`, to a file inside that folder. Both sides are
+/// canonicalized, so neither `..` nor a symlink can leave it; absolute paths are refused, since
+/// the tree must build the same wherever it is copied (a wheel ships it).
+fn resolve_inside(root: &Path, sub: &str, given: &str) -> Result<PathBuf, String> {
+    if Path::new(given).is_absolute() {
+        return Err(format!(
+            "`{given}` is an absolute path; write it relative to {sub}/"
+        ));
+    }
+    check_include_spelling(given)?;
+    let base = std::fs::canonicalize(root.join(sub))
+        .map_err(|e| format!("{sub}/ under {}: {e}", root.display()))?;
+    let missing = || format!("{sub}/{given} does not exist under {}", root.display());
+    let path = std::fs::canonicalize(base.join(given)).map_err(|_| missing())?;
+    if !path.starts_with(&base) {
+        return Err(format!(
+            "{sub}/{given} resolves to {}, outside {}",
+            path.display(),
+            base.display()
+        ));
+    }
+    if !path.is_file() {
+        return Err(missing());
+    }
+    Ok(path)
+}
+
+/// A user variant's header: absolute, or relative to its variants file's folder `dir`; it must
+/// resolve inside `dir` or `<root>/include`.
+fn resolve_user_header(root: &Path, dir: &Path, given: &str) -> Result<PathBuf, String> {
+    let path = std::fs::canonicalize(dir.join(given)).map_err(|_| {
+        format!(
+            "{given} does not exist (relative paths start at {})",
+            dir.display()
+        )
+    })?;
+    let include = std::fs::canonicalize(root.join("include")).ok();
+    if !(path.starts_with(dir) || include.as_ref().is_some_and(|i| path.starts_with(i))) {
+        return Err(format!(
+            "{given} resolves to {}, outside the variants file's folder {}",
+            path.display(),
+            dir.display()
+        ));
+    }
+    if !path.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    check_include_spelling(&name)?;
+    Ok(path)
+}
+
+/// Header paths are pasted into `#include <...>`: keep them to characters that cannot end the
+/// directive or start another one.
+fn check_include_spelling(path: &str) -> Result<(), String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || "_-.+/".contains(c);
+    if path.is_empty() || !path.chars().all(ok) {
+        return Err(format!(
+            "`{}` is not a header path flashgen can include (letters, digits, _ - . + /)",
+            path.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 fn check_variant(
     root: &Path,
+    user_dir: Option<&Path>,
     name: &str,
     decl: &VariantDecl,
-    user: bool,
     loc: &Located,
 ) -> Result<Variant, UsageError> {
-    check_identifier(name, loc)?;
-    check_identifier(&decl.struct_name, &loc.field("struct"))?;
-    let given = Path::new(&decl.header);
-    let header = if given.is_absolute() {
-        if !given.is_file() {
-            return Err(loc
-                .field("header")
-                .err(format!("{} does not exist", given.display())));
+    // A variant's name never stands alone in C: it only completes `FlashgenVariant_<name>` and
+    // `FLASHGEN_CODE_<axis>_<name>`, so keywords are fine (the built-in `default` is one).
+    if !c_ident::is_identifier(name) {
+        return Err(loc
+            .err(format!(
+                "`{name}` is not a C identifier (letters, digits and _, not leading digit)"
+            ))
+            .with_hint(IDENT_HINT));
+    }
+    check_generated(name, &format!("FlashgenVariant_{name}"), loc)?;
+    check_declared_name(&decl.struct_name, &loc.field("struct"))?;
+    let hloc = loc.field("header");
+    let header = match user_dir {
+        Some(dir) => {
+            HeaderPath::External(resolve_user_header(root, dir, &decl.header).map_err(|m| {
+                hloc.err(m).with_hint(
+                    "put the header in the variants file's folder (or under include/) and name \
+                     it relative to that file, or by its absolute path",
+                )
+            })?)
         }
-        HeaderPath::External(given.to_path_buf())
-    } else {
-        if user {
-            return Err(loc
-                .field("header")
-                .err("a user variant's header must be an absolute path"));
+        None => {
+            resolve_inside(root, "include", &decl.header).map_err(|m| {
+                hloc.err(m).with_hint(
+                    "every variant needs a header under include/ that defines its struct",
+                )
+            })?;
+            HeaderPath::Include(decl.header.clone())
         }
-        if !root.join("include").join(given).is_file() {
-            return Err(loc
-                .field("header")
-                .err(format!(
-                    "include/{} does not exist under {}",
-                    decl.header,
-                    root.display()
-                ))
-                .with_hint("every variant needs a header under include/ that defines its struct"));
-        }
-        HeaderPath::Include(decl.header.clone())
     };
     let mut names = HashSet::new();
+    let mut params = Vec::new();
     for (i, p) in decl.params.iter().enumerate() {
         let ploc = loc.field(&format!("params[{i}]"));
-        check_identifier(&p.name, &ploc.field("name"))?;
+        check_declared_name(&p.name, &ploc.field("name"))?;
         if !names.insert(&p.name) {
             return Err(ploc.err(format!("parameter `{}` is declared twice", p.name)));
         }
-        let base = p
-            .c_type
-            .trim_start_matches("const ")
-            .trim_end_matches('*')
-            .trim();
-        if !PARAM_BASE_TYPES.contains(&base) {
-            return Err(ploc.field("type").err(format!(
-                "unsupported C type `{}` (use one of {}, optionally as `const T*` or `T*`)",
-                p.c_type,
-                PARAM_BASE_TYPES.join(", ")
-            )));
-        }
+        let Some(ty) = ParamType::parse(&p.c_type) else {
+            return Err(ploc
+                .field("type")
+                .err(format!("unsupported C type `{}`", p.c_type.escape_debug()))
+                .with_hint(param_types::spellings_hint()));
+        };
+        // The normalized spelling is what the header declares and `describe` exports.
+        params.push(ParamDecl {
+            name: p.name.clone(),
+            c_type: ty.spelling(),
+        });
     }
     Ok(Variant {
         name: name.to_string(),
         header,
         struct_name: decl.struct_name.clone(),
-        params: decl.params.clone(),
-        user,
+        params,
+        user: user_dir.is_some(),
     })
 }
+
+/// The parameters of every variant by name: a dispatching header declares the union of its
+/// variants' parameters once per name, so one name must have one type everywhere.
+#[derive(Default)]
+struct ParamUnion(Vec<(String, String, String)>);
+
+impl ParamUnion {
+    fn add(&mut self, v: &Variant, loc: &Located) -> Result<(), UsageError> {
+        for (i, p) in v.params.iter().enumerate() {
+            if let Some((_, ty, other)) = self.0.iter().find(|(n, ..)| *n == p.name) {
+                if *ty != p.c_type {
+                    return Err(loc
+                        .field(&format!("params[{i}].type"))
+                        .err(format!(
+                            "parameter `{}` is `{}` here but `{ty}` in variant `{other}`",
+                            p.name, p.c_type
+                        ))
+                        .with_hint(
+                            "a dispatching header declares each parameter name once: give it \
+                             the same type in every variant, or rename it",
+                        ));
+                }
+            } else {
+                self.0
+                    .push((p.name.clone(), p.c_type.clone(), v.name.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The names an axis declares in the generated header: identifiers, not the header's own names,
+/// and unique within the module (one global each in the instance form) and against the variant
+/// structs the header's includes define.
+fn check_c_names(
+    axis: &Axis,
+    declared: &config::AxisDecl,
+    earlier: &[Axis],
+    structs: &[&str],
+    module: &config::ModuleDecl,
+    loc: &Located,
+) -> Result<(), UsageError> {
+    for (i, n) in axis.c_names.iter().enumerate() {
+        let nloc = if declared.c_names.is_some() {
+            loc.field(&format!("c_names[{i}]"))
+        } else {
+            // The default name: the fix is to choose one, or to rename the axis.
+            loc.field("name")
+        };
+        check_declared_name(n, &nloc)?;
+        let clash = if module
+            .axes
+            .iter()
+            .any(|a| *n == format!("DISPATCH_{}", a.name))
+        {
+            Some(format!("the macro `{n}`"))
+        } else if axis.c_names[..i].contains(n) {
+            Some("this axis's own c_names".to_string())
+        } else if let Some(a) = earlier.iter().find(|a| a.c_names.contains(n)) {
+            Some(format!("axis `{}`", a.name))
+        } else if structs.contains(&n.as_str()) {
+            Some("a variant's struct".to_string())
+        } else {
+            None
+        };
+        if let Some(what) = clash {
+            return Err(nloc
+                .err(format!("the C name `{n}` is already taken by {what}"))
+                .with_hint("give each axis distinct `c_names`"));
+        }
+    }
+    Ok(())
+}
+
+/// The default instance limit; `FLASHGEN_MAX_INSTANCES` overrides it.
+pub const DEFAULT_MAX_INSTANCES: u64 = 1_000_000;
+
+/// Longest URI: it names a folder and a `<uri>.so`, and file names stop at 255 bytes.
+const MAX_URI_LEN: usize = 200;
+
+/// `FLASHGEN_MAX_INSTANCES`, else [`DEFAULT_MAX_INSTANCES`].
+pub fn max_instances_from_env() -> Result<u64, UsageError> {
+    const VAR: &str = "FLASHGEN_MAX_INSTANCES";
+    let Some(raw) = std::env::var_os(VAR) else {
+        return Ok(DEFAULT_MAX_INSTANCES);
+    };
+    raw.to_str()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            UsageError::new(format!(
+                "{VAR}={}: not a positive whole number",
+                raw.to_string_lossy()
+            ))
+            .with_hint(format!(
+                "set it to the most instances a matrix may expand to (default {DEFAULT_MAX_INSTANCES}), or unset it"
+            ))
+        })
+}
+
+/// Counts every module's instances (checked, before expanding anything) against `max`, then
+/// bounds the URIs' length; a matrix too large to list fails here, fast.
+fn check_size(
+    modules: &[Module],
+    max: u64,
+    at: &impl Fn(String) -> Located,
+) -> Result<(), UsageError> {
+    let count = |m: &Module| {
+        m.axes
+            .iter()
+            .try_fold(1u128, |n, a| n.checked_mul(a.values.len() as u128))
+    };
+    let spell = |n: Option<u128>| n.map_or("more than 2^128".to_string(), |n| n.to_string());
+    let total = modules
+        .iter()
+        .try_fold(0u128, |t, m| t.checked_add(count(m)?));
+    if total.is_none_or(|t| t > u128::from(max)) {
+        let lines: Vec<String> = modules
+            .iter()
+            .map(|m| {
+                let sizes: Vec<String> = m
+                    .axes
+                    .iter()
+                    .map(|a| format!("{} {}", a.name, a.values.len()))
+                    .collect();
+                format!("  {}: {} = {}", m.name, spell(count(m)), sizes.join(" x "))
+            })
+            .collect();
+        let largest = modules
+            .iter()
+            .max_by_key(|m| count(m).unwrap_or(u128::MAX))
+            .map_or("", |m| m.name.as_str());
+        return Err(at(format!("modules.{largest}"))
+            .err(format!(
+                "the matrix has {} instances, more than the limit of {max}:\n{}",
+                spell(total),
+                lines.join("\n")
+            ))
+            .with_hint(
+                "split an axis or move values to another module; FLASHGEN_MAX_INSTANCES=N raises the limit",
+            ));
+    }
+    for m in modules {
+        let longest = m.name.len()
+            + m.axes
+                .iter()
+                .map(|a| {
+                    let value = a.values.iter().map(uri_part_len).max().unwrap_or(0);
+                    2 + a.name.len() + value
+                })
+                .sum::<usize>();
+        if longest > MAX_URI_LEN {
+            return Err(at(format!("modules.{}", m.name))
+                .err(format!(
+                    "its instance URIs reach {longest} bytes; they name files, so at most {MAX_URI_LEN}"
+                ))
+                .with_hint("shorten the module, axis or value names"));
+        }
+    }
+    Ok(())
+}
+
+/// The length a value takes in a URI (see `instance::uri`).
+fn uri_part_len(v: &Value) -> usize {
+    match v {
+        Value::Int(i) if *i < 0 => 3 + i.unsigned_abs().to_string().len(),
+        v => v.to_string().len(),
+    }
+}
+
+/// The range of an `int` axis: its `min`/`max`, else the default.
+const INT_RANGE: (i64, i64) = (1, 65536);
 
 fn check_axis(
     decl: &config::AxisDecl,
@@ -513,11 +786,40 @@ fn check_axis(
             .field("values")
             .err(format!("axis `{}` has no values", decl.name)));
     }
+    if decl.kind != AxisKind::Int {
+        for (key, given) in [("min", decl.min), ("max", decl.max)] {
+            if given.is_some() {
+                return Err(loc
+                    .field(key)
+                    .err("only `int` axes take a range")
+                    .with_hint(format!("remove `{key}`")));
+            }
+        }
+    }
+    let (min, max) = (
+        decl.min.unwrap_or(INT_RANGE.0),
+        decl.max.unwrap_or(INT_RANGE.1),
+    );
+    if min > max {
+        return Err(loc
+            .field("min")
+            .err(format!("min {min} is above max {max}")));
+    }
     let mut values = Vec::new();
     for (i, raw) in decl.values.iter().enumerate() {
         let vloc = loc.field(&format!("values[{i}]"));
         let value = parse_value(decl.kind, raw).map_err(|m| vloc.err(m))?;
         match (&decl.kind, &value) {
+            (AxisKind::Int, Value::Int(v)) if !(min..=max).contains(v) => {
+                return Err(vloc
+                    .err(format!(
+                        "{v} is outside the range {min}..={max} of axis `{}`",
+                        decl.name
+                    ))
+                    .with_hint(
+                        "fix the value, or declare the axis's range with \"min\" and \"max\"",
+                    ));
+            }
             (AxisKind::Variant, Value::Name(n)) if !variants.iter().any(|v| &v.name == n) => {
                 return Err(vloc
                     .err(format!("variant `{n}` is not declared"))
@@ -529,7 +831,14 @@ fn check_axis(
                 let known: Vec<_> = DTYPES.iter().map(|(d, _)| *d).collect();
                 return Err(vloc.err(format!("unknown dtype `{n}` (known: {})", known.join(", "))));
             }
-            (AxisKind::Enum, Value::Name(n)) => check_identifier(n, &vloc)?,
+            (AxisKind::Enum, Value::Name(n)) => {
+                if !c_ident::is_identifier(n) {
+                    return Err(vloc.err(format!(
+                        "`{n}` is not a C identifier (letters, digits and _, not leading digit)"
+                    )));
+                }
+                check_generated(n, &format!("FLASHGEN_CODE_{}_{n}", decl.name), &vloc)?;
+            }
             _ => {}
         }
         if values.contains(&value) {
@@ -546,12 +855,7 @@ fn check_axis(
                 .field("c_names")
                 .err("give at least one name, or leave c_names out"))
         }
-        Some(names) => {
-            for (i, n) in names.iter().enumerate() {
-                check_identifier(n, &loc.field(&format!("c_names[{i}]")))?;
-            }
-            names.clone()
-        }
+        Some(names) => names.clone(),
         None => vec![decl.name.to_uppercase()],
     };
     Ok(Axis {

@@ -4,6 +4,7 @@ use anyhow::Result;
 use serde_json::{json, Map, Value};
 
 use crate::matrix::Matrix;
+use crate::param_types;
 
 pub fn describe_json(matrix: &Matrix) -> Value {
     let variants: Map<String, Value> = matrix
@@ -37,6 +38,8 @@ pub fn describe_json(matrix: &Matrix) -> Value {
         "flashgen_version": env!("CARGO_PKG_VERSION"),
         "archs": matrix.archs,
         "variants": variants,
+        // The loader builds its ctypes structs and checks Variant params from this table only.
+        "param_types": param_types::describe_json(),
         "modules": modules,
         "instances": instances,
     })

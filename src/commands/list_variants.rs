@@ -63,7 +63,8 @@ pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
         let line: Vec<String> = r
             .iter()
             .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
+            // Padded by hand: `{:<w$}` panics for widths above u16::MAX (a 1 MB module name).
+            .map(|(cell, &w)| format!("{cell}{}", " ".repeat(w - cell.len())))
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');

@@ -1,0 +1,857 @@
+//! Bad input is refused early and clearly, and nothing panics: the real binary on edited copies
+//! of the toy fixture (paths outside the tree, integer ranges, C names, parameter types, matrix
+//! size, odd arguments), then property tests of the arch list parser and of config validation.
+//! None of these compile anything, so none needs nvcc.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use assert_cmd::Command;
+use serde_json::{json, Value};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A private copy of the toy fixture, so a test can edit it.
+struct Tree {
+    dir: tempfile::TempDir,
+}
+
+impl Tree {
+    fn new() -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(&repo().join("tests/fixtures/toy"), dir.path());
+        Tree { dir }
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    fn config(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path("variants.json")).unwrap()).unwrap()
+    }
+    fn edit(&self, edit: impl FnOnce(&mut Value)) {
+        let mut cfg = self.config();
+        edit(&mut cfg);
+        std::fs::write(
+            self.path("variants.json"),
+            serde_json::to_string_pretty(&cfg).unwrap(),
+        )
+        .unwrap();
+    }
+    /// `flashgen` in this tree, with its own cache and a toolchain that cannot be found: a
+    /// command that got past validation fails differently from the refusals asserted here.
+    fn cmd(&self) -> Command {
+        let mut c = Command::cargo_bin("flashgen").unwrap();
+        c.current_dir(self.dir.path())
+            .env("FLASHGEN_CACHE_DIR", self.path(".cache"))
+            .env("FLASHGEN_NVCC", "/nonexistent/nvcc")
+            .env_remove("FLASHGEN_MAX_INSTANCES")
+            .env_remove("FLASHGEN_CUDA_ARCH_LIST")
+            .env_remove("TORCH_CUDA_ARCH_LIST");
+        c
+    }
+    fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_usage_error(o: &Output, needles: &[&str]) {
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, stderr:\n{}",
+        stderr(o)
+    );
+    for n in needles {
+        assert!(stderr(o).contains(n), "stderr lacks {n:?}:\n{}", stderr(o));
+    }
+}
+
+fn assert_no_panic(o: &Output) {
+    assert_ne!(o.status.code(), Some(101), "panicked:\n{}", stderr(o));
+    assert!(o.status.code().is_some(), "killed by a signal");
+    assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
+}
+
+/// Edits the toy config, runs `build`, and checks it was refused before anything was written.
+fn refused(edit: impl FnOnce(&mut Value)) -> Output {
+    let t = Tree::new();
+    t.edit(edit);
+    let o = t.run(&["build", "--out", "out"]);
+    assert!(
+        !t.path("out").exists(),
+        "a refused config must write nothing"
+    );
+    o
+}
+
+// ---- 1. paths stay inside the project ------------------------------------------------------
+
+#[test]
+fn variant_headers_stay_under_include() {
+    let o = refused(|c| c["variants"]["plain"]["header"] = json!("../../../../../../etc/passwd"));
+    assert_usage_error(&o, &["variants.json: variants.plain.header", "outside"]);
+    assert!(!stderr(&o).contains("root:"), "file contents leaked");
+    let o = refused(|c| c["variants"]["plain"]["header"] = json!("/etc/passwd"));
+    assert_usage_error(
+        &o,
+        &[
+            "variants.plain.header",
+            "absolute path",
+            "relative to include/",
+        ],
+    );
+    // A header reached through `..` that stays inside is fine.
+    let t = Tree::new();
+    t.edit(|c| c["variants"]["plain"]["header"] = json!("toy/../toy/variants/plain.cuh"));
+    let o = t.run(&["list-variants"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_symlink_cannot_lead_out_of_include() {
+    let t = Tree::new();
+    std::os::unix::fs::symlink("/etc/passwd", t.path("include/toy/variants/evil.cuh")).unwrap();
+    t.edit(|c| c["variants"]["plain"]["header"] = json!("toy/variants/evil.cuh"));
+    let o = t.run(&["build", "--out", "out"]);
+    assert_usage_error(
+        &o,
+        &["variants.plain.header", "resolves to /etc/passwd, outside"],
+    );
+    assert!(!t.path("out").exists());
+}
+
+#[test]
+fn sources_stay_under_csrc_and_includes_under_include() {
+    let o = refused(|c| c["modules"]["toy"]["source"] = json!("../include/toy/toy.cuh"));
+    assert_usage_error(&o, &["modules.toy.source", "outside"]);
+    let o = refused(|c| c["modules"]["toy"]["source"] = json!("/etc/passwd"));
+    assert_usage_error(&o, &["modules.toy.source", "absolute path"]);
+    let o = refused(|c| c["includes"] = json!(["toy/toy.cuh", "../csrc/toy.cu"]));
+    assert_usage_error(&o, &["variants.json: includes[1]", "outside"]);
+    let o = refused(|c| c["includes"] = json!(["/etc/passwd"]));
+    assert_usage_error(&o, &["includes[0]", "absolute path"]);
+}
+
+#[test]
+fn user_variant_headers_stay_beside_their_variants_file() {
+    let t = Tree::new();
+    let user = t.path("user");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("mine.cuh"), "#pragma once\n").unwrap();
+    let write = |header: &str| {
+        let vf = json!({"variants": {"mine": {"header": header, "struct": "Mine",
+            "params": [{"name": "bias", "type": "float"}]}}});
+        std::fs::write(user.join("custom.json"), vf.to_string()).unwrap();
+    };
+    let list = || {
+        t.run(&[
+            "list-variants",
+            "--json",
+            "--variants-file",
+            "user/custom.json",
+            "--where",
+            "variant=mine",
+        ])
+    };
+    // What the loader writes: an absolute path in the variants file's folder; relative works too.
+    for header in [
+        user.join("mine.cuh").to_str().unwrap(),
+        "mine.cuh",
+        "./mine.cuh",
+    ] {
+        write(header);
+        let o = list();
+        assert!(o.status.success(), "{header}: {}", stderr(&o));
+        assert_eq!(
+            serde_json::from_slice::<Value>(&o.stdout)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len(),
+            24
+        );
+    }
+    // A header under the tree's include/ is allowed as well.
+    write("../include/toy/variants/plain.cuh");
+    assert!(list().status.success());
+    // Anything else is refused, naming the variants file and the field.
+    for header in [
+        "/etc/passwd",
+        "../../../../../../etc/passwd",
+        "../variants.json",
+    ] {
+        write(header);
+        let o = list();
+        assert_usage_error(
+            &o,
+            &[
+                "custom.json: variants.mine.header",
+                "outside the variants file's folder",
+            ],
+        );
+        assert!(!stderr(&o).contains("root:"));
+    }
+}
+
+// ---- 2. integer axes in range ----------------------------------------------------------------
+
+#[test]
+fn int_values_outside_the_default_range_are_refused() {
+    for bad in [0, -64, 65537] {
+        let o = refused(|c| c["modules"]["toy"]["axes"][1]["values"] = json!([32, bad]));
+        assert_usage_error(
+            &o,
+            &[
+                "modules.toy.axes[1].values[1]",
+                &format!("{bad} is outside the range 1..=65536 of axis `width`"),
+                "\"min\" and \"max\"",
+            ],
+        );
+    }
+}
+
+#[test]
+fn an_axis_declares_its_own_range() {
+    let o = refused(|c| c["modules"]["toy"]["axes"][1]["max"] = json!(64));
+    assert_usage_error(
+        &o,
+        &[
+            "modules.toy.axes[1].values[2]",
+            "128 is outside the range 1..=64",
+        ],
+    );
+    let t = Tree::new();
+    t.edit(|c| {
+        c["modules"]["toy"]["axes"][1]["min"] = json!(-8);
+        c["modules"]["toy"]["axes"][1]["values"] = json!([-4, 0, 70000]);
+        c["modules"]["toy"]["axes"][1]["max"] = json!(70000);
+        c["modules"]["toy"]["aot"] = json!({});
+    });
+    let o = t.run(&["list-variants", "--where", "width=-4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("toy_dtype_f16_width_neg4_"),
+        "{}",
+        stdout(&o)
+    );
+    let o = refused(|c| c["modules"]["toy"]["axes"][0]["min"] = json!(1));
+    assert_usage_error(
+        &o,
+        &["modules.toy.axes[0].min", "only `int` axes take a range"],
+    );
+    let o = refused(|c| {
+        c["modules"]["toy"]["axes"][1]["min"] = json!(10);
+        c["modules"]["toy"]["axes"][1]["max"] = json!(5);
+    });
+    assert_usage_error(&o, &["modules.toy.axes[1].min", "min 10 is above max 5"]);
+}
+
+#[test]
+fn huge_numbers_are_errors_not_panics() {
+    for raw in ["1e400", "18446744073709551616", "-1e400", "1.5"] {
+        let t = Tree::new();
+        let text = std::fs::read_to_string(t.path("variants.json"))
+            .unwrap()
+            .replace("[32, 64, 128]", &format!("[32, {raw}]"));
+        std::fs::write(t.path("variants.json"), text).unwrap();
+        let o = t.run(&["list-variants"]);
+        assert_usage_error(&o, &["variants.json"]);
+    }
+    let o = refused(|c| c["modules"]["toy"]["axes"][1]["values"] = json!([32, u64::MAX]));
+    assert_usage_error(&o, &["modules.toy.axes[1].values[1]", "is not an integer"]);
+}
+
+// ---- 3. C identifiers ------------------------------------------------------------------------
+
+/// An edit of the config, for tables of refusals.
+type Edit = Box<dyn FnOnce(&mut Value)>;
+
+#[test]
+fn names_must_be_plain_unreserved_c_identifiers() {
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            Box::new(|c| {
+                let toy = c["modules"]["toy"].take();
+                c["modules"] = json!({"int": toy});
+            }),
+            &["modules.int", "`int` is a C/C++ keyword"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][1]["name"] = json!("class")),
+            &["modules.toy.axes[1].name", "`class` is a C/C++ keyword"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][1]["name"] = json!("xor_eq")),
+            &["`xor_eq` is a C/C++ keyword"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["DType", "__x"])),
+            &["modules.toy.axes[0].c_names[1]", "reserved"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["_Bool"])),
+            &["modules.toy.axes[0].c_names[0]", "keyword"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["_DType"])),
+            &["modules.toy.axes[0].c_names[0]", "reserved"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["FLASHGEN_MODULE"])),
+            &[
+                "c_names[0]",
+                "collides with the names the generated header defines",
+            ],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["DISPATCH_width"])),
+            &["c_names[0]", "already taken by the macro `DISPATCH_width`"],
+        ),
+        (
+            // The width axis's default c_name is WIDTH.
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["DType", "WIDTH"])),
+            &[
+                "modules.toy.axes[1].name",
+                "`WIDTH` is already taken by axis `dtype`",
+            ],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["A", "A"])),
+            &["c_names[1]", "this axis's own c_names"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][0]["c_names"] = json!(["Scaled"])),
+            &["c_names[0]", "a variant's struct"],
+        ),
+        (
+            Box::new(|c| c["variants"]["scaled"]["struct"] = json!("ATTENTION_VARIANT")),
+            &["variants.scaled.struct", "collides"],
+        ),
+        (
+            Box::new(|c| c["variants"]["scaled"]["params"][0]["name"] = json!("and")),
+            &["variants.scaled.params[0].name", "keyword"],
+        ),
+        (
+            Box::new(|c| c["variants"]["scaled"]["params"][0]["name"] = json!("flashgen_x")),
+            &["variants.scaled.params[0].name", "collides"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["entry_points"] = json!(["toy_query", "toy apply"])),
+            &["modules.toy.entry_points[1]", "not a C identifier"],
+        ),
+        (
+            Box::new(|c| c["modules"]["toy"]["axes"][3]["values"] = json!(["sum", "_max"])),
+            &["modules.toy.axes[3].values[1]", "FLASHGEN_CODE_mode__max"],
+        ),
+    ];
+    for (edit, needles) in cases {
+        let o = refused(edit);
+        assert_usage_error(&o, needles);
+        assert!(stderr(&o).contains("hint:"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn one_parameter_name_has_one_type_across_variants() {
+    // The dispatching header declares the union of the variants' parameters, once per name.
+    let o = refused(|c| {
+        c["variants"]["plain"]["params"] = json!([{"name": "scale", "type": "double"}]);
+    });
+    assert_usage_error(
+        &o,
+        &[
+            "variants.scaled.params[0].type",
+            "`scale` is `float` here but `double` in variant `plain`",
+        ],
+    );
+    // The same type under two spellings is one type.
+    let t = Tree::new();
+    t.edit(|c| c["variants"]["plain"]["params"] = json!([{"name": "scale", "type": " float "}]));
+    assert!(t.run(&["list-variants"]).status.success());
+}
+
+// ---- 4. one table of parameter types ---------------------------------------------------------
+
+#[test]
+fn param_types_are_normalized_and_anything_else_is_refused() {
+    for bad in [
+        "float\n; evil",
+        "float;",
+        "const float",
+        "float**",
+        "int",
+        "void*",
+        "Float",
+    ] {
+        let o = refused(|c| c["variants"]["scaled"]["params"][0]["type"] = json!(bad));
+        assert_usage_error(
+            &o,
+            &[
+                "variants.scaled.params[0].type",
+                "unsupported C type",
+                "float, double, bool, int32_t, int64_t, uint32_t, uint64_t",
+            ],
+        );
+    }
+    let t = Tree::new();
+    t.edit(|c| {
+        c["variants"]["scaled"]["params"] = json!([
+            {"name": "scale", "type": "float"},
+            {"name": "table", "type": "const\tint64_t  *"},
+            {"name": "out", "type": " uint32_t* "}
+        ])
+    });
+    let o = t.run(&["describe", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        d["variants"]["scaled"]["params"],
+        json!([
+            {"name": "scale", "type": "float"},
+            {"name": "table", "type": "const int64_t*"},
+            {"name": "out", "type": "uint32_t*"}
+        ])
+    );
+    // The dispatching header declares them with that spelling (no compiler needed for it).
+    let o = t.run(&[
+        "generate",
+        "--dispatch",
+        "--out",
+        "gen",
+        "--where",
+        "variant=scaled",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let h = std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap();
+    assert!(
+        h.contains(
+            "#define ADDITIONAL_PARAMS_DECL float scale; const int64_t* table; uint32_t* out;\n"
+        ),
+        "{h}"
+    );
+}
+
+#[test]
+fn describe_exports_the_whole_param_type_table() {
+    let t = Tree::new();
+    let o = t.run(&["describe"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut expected = Vec::new();
+    for (c, ctypes, dtype) in [
+        ("float", "c_float", "f32"),
+        ("double", "c_double", "f64"),
+        ("bool", "c_bool", "bool"),
+        ("int32_t", "c_int32", "i32"),
+        ("int64_t", "c_int64", "i64"),
+        ("uint32_t", "c_uint32", "u32"),
+        ("uint64_t", "c_uint64", "u64"),
+    ] {
+        expected.push(json!({"c": c, "ctypes": ctypes, "dtype": dtype}));
+        expected.push(json!({"c": format!("const {c}*"), "ctypes": "c_void_p", "dtype": dtype}));
+        expected.push(json!({"c": format!("{c}*"), "ctypes": "c_void_p", "dtype": dtype}));
+    }
+    assert_eq!(d["param_types"], Value::Array(expected));
+}
+
+// ---- 5. matrix size --------------------------------------------------------------------------
+
+#[test]
+fn a_matrix_of_10_pow_20_instances_fails_fast_naming_its_sizes() {
+    let start = std::time::Instant::now();
+    let o = refused(|c| {
+        let axes: Vec<Value> = (0..20)
+            .map(|i| json!({"name": format!("a{i}"), "type": "int", "values": (1..=10).collect::<Vec<_>>()}))
+            .collect();
+        c["modules"]["big"] =
+            json!({"source": "toy.cu", "entry_points": ["big_query"], "axes": axes});
+    });
+    assert_usage_error(
+        &o,
+        &[
+            "modules.big",
+            "the matrix has 100000000000000000048 instances, more than the limit of 1000000",
+            "big: 100000000000000000000 = a0 10 x a1 10 x",
+            "toy: 48 = dtype 2 x width 3 x fast 2 x mode 2 x variant 2",
+            "FLASHGEN_MAX_INSTANCES",
+        ],
+    );
+    assert!(start.elapsed().as_secs() < 20, "took {:?}", start.elapsed());
+    // Past u128 too.
+    let o = refused(|c| {
+        let axes: Vec<Value> = (0..40)
+            .map(|i| json!({"name": format!("a{i}"), "type": "int", "values": (1..=10).collect::<Vec<_>>()}))
+            .collect();
+        c["modules"]["big"] =
+            json!({"source": "toy.cu", "entry_points": ["big_query"], "axes": axes});
+    });
+    assert_usage_error(&o, &["more than 2^128 instances"]);
+}
+
+#[test]
+fn the_instance_limit_is_overridable_and_must_parse() {
+    let t = Tree::new();
+    let o = t
+        .cmd()
+        .env("FLASHGEN_MAX_INSTANCES", "47")
+        .args(["list-variants"])
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &o,
+        &["modules.toy", "48 instances, more than the limit of 47"],
+    );
+    let o = t
+        .cmd()
+        .env("FLASHGEN_MAX_INSTANCES", "48")
+        .args(["list-variants"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for bad in ["abc", "", "-1", "0", "1e6"] {
+        let o = t
+            .cmd()
+            .env("FLASHGEN_MAX_INSTANCES", bad)
+            .args(["list-variants"])
+            .output()
+            .unwrap();
+        assert_usage_error(
+            &o,
+            &["FLASHGEN_MAX_INSTANCES", "not a positive whole number"],
+        );
+    }
+}
+
+// ---- 6. no panic on any input ----------------------------------------------------------------
+
+#[test]
+fn non_ascii_and_odd_arch_lists_are_usage_errors() {
+    let t = Tree::new();
+    for arch in [
+        "9é",
+        "é",
+        "9éPTX",
+        "99é+",
+        "sm_é",
+        "+PTX",
+        "9.",
+        ".9",
+        "99999999999",
+        ";;",
+        " ",
+    ] {
+        for cmd in [
+            ["doctor", "--json", "--arch", arch],
+            ["list-variants", "--json", "--arch", arch],
+        ] {
+            let o = t.run(&cmd);
+            assert_no_panic(&o);
+        }
+        // build resolves the archs before it looks for nvcc.
+        let o = t.run(&["build", "--out", "out", "--arch", arch]);
+        assert_usage_error(&o, &["--arch: "]);
+        let o = t.run(&["doctor", "--json", "--arch", arch]);
+        let doctor: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(
+            doctor["archs"]["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("--arch: ")),
+            "{doctor}"
+        );
+    }
+}
+
+#[test]
+fn very_long_names_are_refused_without_panicking() {
+    let t = Tree::new();
+    let long = "a".repeat(1 << 20);
+    t.edit(|c| {
+        let toy = c["modules"]["toy"].take();
+        c["modules"] = json!({ long.clone(): toy });
+    });
+    let o = t.run(&["list-variants"]);
+    assert_usage_error(&o, &["its instance URIs reach", "at most 200"]);
+    // The longest argument Linux passes is 128 KiB.
+    let t = Tree::new();
+    let o = t.run(&["list-variants", "--module", &"m".repeat(100_000)]);
+    assert_usage_error(&o, &["no module `mmm"]);
+    // A glob that long made globset panic building its regex.
+    let o = t.run(&[
+        "list-variants",
+        "--where",
+        &format!("width={}", "*".repeat(100_000)),
+    ]);
+    assert_usage_error(&o, &["--where width=...", "more than 256"]);
+    let o = t.run(&[
+        "list-variants",
+        "--where",
+        &format!("width={}", "*".repeat(256)),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn odd_where_values_never_panic() {
+    let t = Tree::new();
+    for w in [
+        "",
+        "=",
+        "==",
+        "width",
+        "=32",
+        "width=",
+        "width=[",
+        "width=[z-a]",
+        "width=**{",
+        "width={a,{b}}",
+        "width=\\",
+        "width=é",
+        "width=32=32",
+        "é=1",
+    ] {
+        let o = t.run(&["list-variants", "--where", w]);
+        assert_no_panic(&o);
+        assert!(
+            matches!(o.status.code(), Some(0..=2)),
+            "{w:?}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn deeply_nested_json_is_a_syntax_error() {
+    let t = Tree::new();
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let text = std::fs::read_to_string(t.path("variants.json"))
+        .unwrap()
+        .replace("[32, 64, 128]", &deep);
+    std::fs::write(t.path("variants.json"), text).unwrap();
+    let o = t.run(&["list-variants"]);
+    assert_usage_error(&o, &["variants.json:", "recursion limit"]);
+}
+
+#[test]
+fn non_utf8_files_and_arguments_are_usage_errors() {
+    let t = Tree::new();
+    let mut bytes = std::fs::read(t.path("variants.json")).unwrap();
+    bytes.splice(3..3, [0xff, 0xfe]);
+    std::fs::write(t.path("variants.json"), &bytes).unwrap();
+    let o = t.run(&["list-variants"]);
+    assert_usage_error(&o, &["variants.json: not UTF-8 text"]);
+
+    let t = Tree::new();
+    std::fs::write(t.path("v\u{e9}.json"), [b'{', 0xc3, b'}']).unwrap();
+    let o = t.run(&["list-variants", "--variants-file", "v\u{e9}.json"]);
+    assert_usage_error(&o, &["v\u{e9}.json: not UTF-8 text"]);
+
+    let bad = OsStr::from_bytes(b"\xff\xfe");
+    let o = t.run(&[OsStr::new("list-variants"), OsStr::new("--module"), bad]);
+    assert_no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = t.run(&[OsStr::new("list-variants"), OsStr::new("--where"), bad]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = t.run(&[OsStr::new("--config"), bad, OsStr::new("list-variants")]);
+    assert_usage_error(&o, &["cannot read"]);
+    let o = t.run(&[
+        OsStr::new("--variants-file"),
+        bad,
+        OsStr::new("list-variants"),
+    ]);
+    assert_usage_error(&o, &["cannot read"]);
+}
+
+#[test]
+fn the_real_matrices_still_load() {
+    for dir in [repo(), repo().join("tests/fixtures/toy")] {
+        let o = Command::cargo_bin("flashgen")
+            .unwrap()
+            .current_dir(&dir)
+            .env("FLASHGEN_NVCC", "/nonexistent/nvcc")
+            .env_remove("FLASHGEN_MAX_INSTANCES")
+            .args(["list-variants"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}: {}", dir.display(), stderr(&o));
+    }
+}
+
+// ---- property tests: the parsers never panic, and every refusal is a usage error -------------
+
+mod props {
+    use super::*;
+    use flashgen::matrix::Matrix;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 384,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    fn toy_path() -> PathBuf {
+        repo().join("tests/fixtures/toy/variants.json")
+    }
+
+    fn toy() -> Value {
+        serde_json::from_str(&std::fs::read_to_string(toy_path()).unwrap()).unwrap()
+    }
+
+    /// Validation, plus the headers of a few instances when it passes (codegen trusts it).
+    fn check(text: String) -> Result<(), TestCaseError> {
+        match Matrix::from_text(&toy_path(), text, &[], 2000) {
+            Ok(m) => {
+                for inst in m.instances.iter().take(4) {
+                    flashgen::codegen::instance_header(&m, inst);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                prop_assert_eq!(
+                    flashgen::error::exit_code(&e),
+                    2,
+                    "not a usage error: {:#}",
+                    e
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// Values a mutation writes into the config: the edge cases of every field's type.
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!(null)),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            prop_oneof![Just(0i64), Just(-64), Just(1), Just(65536), Just(65537)]
+                .prop_map(Value::from),
+            Just(json!(u64::MAX)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-zA-Z_0-9]{0,8}".prop_map(Value::from),
+            prop_oneof![
+                Just("../../../etc/passwd"),
+                Just("/etc/passwd"),
+                Just("const float*"),
+                Just("float\n; evil"),
+                Just("FLASHGEN_MODULE"),
+                Just("int"),
+                Just("__x"),
+                Just("toy/variants/plain.cuh"),
+                Just("f16"),
+                Just("plain"),
+                Just("9é"),
+            ]
+            .prop_map(Value::from),
+            any::<String>().prop_map(Value::from),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(("[a-z_]{1,8}", inner), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Walks `path` (child picks, modulo the width) from the root, then replaces the node reached,
+    /// or on the way removes a key (op 1) or appends to an array (op 2).
+    fn mutate(node: &mut Value, path: &[usize], op: u8, new: Value) {
+        let Some((&pick, rest)) = path.split_first() else {
+            *node = new;
+            return;
+        };
+        match node {
+            Value::Object(m) if !m.is_empty() => {
+                let key = m.keys().nth(pick % m.len()).unwrap().clone();
+                if op == 1 && rest.is_empty() {
+                    m.shift_remove(&key);
+                } else {
+                    mutate(m.get_mut(&key).unwrap(), rest, op, new);
+                }
+            }
+            Value::Array(a) if !a.is_empty() => {
+                if op == 2 && rest.is_empty() {
+                    a.push(new);
+                } else {
+                    let n = a.len();
+                    mutate(&mut a[pick % n], rest, op, new);
+                }
+            }
+            other => *other = new,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn arch_lists_never_panic(list in prop_oneof![
+            any::<String>(),
+            "[0-9.,; +a-zA-Z_é]{0,16}",
+        ]) {
+            if let Err(e) = flashgen::arch::parse_list(&list, "--arch") {
+                prop_assert_eq!(flashgen::error::exit_code(&e), 2);
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_is_refused_as_bad_input(text in any::<String>()) {
+            check(text)?;
+        }
+
+        #[test]
+        fn mutated_configs_never_panic(
+            edits in prop::collection::vec(
+                (prop::collection::vec(any::<usize>(), 0..7), 0u8..4, value()),
+                1..4,
+            )
+        ) {
+            let mut cfg = toy();
+            for (path, op, new) in edits {
+                mutate(&mut cfg, &path, op, new);
+            }
+            check(serde_json::to_string(&cfg).unwrap())?;
+        }
+
+        #[test]
+        fn mutated_bytes_never_panic(
+            edits in prop::collection::vec((any::<usize>(), any::<char>()), 1..6)
+        ) {
+            let mut text: Vec<char> = std::fs::read_to_string(toy_path()).unwrap().chars().collect();
+            for (at, c) in edits {
+                let n = text.len();
+                text[at % n] = c;
+            }
+            check(text.into_iter().collect())?;
+        }
+    }
+}
