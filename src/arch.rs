@@ -114,6 +114,126 @@ fn parse_one(item: &str) -> Option<Arch> {
     })
 }
 
+/// A GPU's compute capability, as the driver reports it (`9.0` on Hopper).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Capability {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Capability {
+    /// `9.0` (the only spelling: this is a device, not an arch list).
+    pub fn parse(text: &str, source: &str) -> Result<Capability> {
+        let bad = || {
+            UsageError::new(format!("{source}: `{text}` is not a compute capability"))
+                .with_hint("write MAJOR.MINOR as the driver reports it, e.g. 9.0 or 8.6")
+        };
+        let (ma, mi) = text.trim().split_once('.').ok_or_else(bad)?;
+        let (major, minor) = (
+            ma.parse().map_err(|_| bad())?,
+            mi.parse().map_err(|_| bad())?,
+        );
+        if major == 0 || major > 99 || minor > 9 {
+            return Err(bad().into());
+        }
+        Ok(Capability { major, minor })
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The capabilities one compiled target runs on: `min <= cc <= max` (no `max`: any newer GPU).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RunsOn {
+    pub target: String,
+    pub min: [u32; 2],
+    pub max: Option<[u32; 2]>,
+}
+
+impl Arch {
+    /// CUDA's compatibility rules, per target this arch embeds: a cubin `sm_XY` runs on X.y with
+    /// y >= Y (same major); an arch-specific `sm_XYa` (and its PTX) only on exactly X.Y; a family
+    /// `sm_XYf` like a plain cubin; PTX `compute_XY` is JIT-compiled by the driver on any X.Y or
+    /// newer.
+    pub fn runs_on(&self) -> Vec<RunsOn> {
+        let min = [self.major, self.minor];
+        let exact = self.suffix == Some('a');
+        let same_major = [self.major, 9];
+        let mut out = Vec::new();
+        for target in self.targets() {
+            let ptx = target.starts_with("compute_");
+            let max = match (exact, ptx) {
+                (true, _) => Some(min),
+                (false, true) => None,
+                (false, false) => Some(same_major),
+            };
+            out.push(RunsOn { target, min, max });
+        }
+        out
+    }
+
+    /// Whether some target of this arch runs on a GPU of capability `cc`.
+    pub fn runs_on_device(&self, cc: Capability) -> bool {
+        let cc = [cc.major, cc.minor];
+        self.runs_on()
+            .iter()
+            .any(|r| r.min <= cc && r.max.is_none_or(|max| cc <= max))
+    }
+}
+
+/// What the JIT builds for a device: its own capability, arch-specific (`9.0a`) on Hopper,
+/// whose wgmma/TMA instructions exist only in `sm_90a` code.
+pub fn jit_arch_for(cc: Capability) -> Arch {
+    Arch {
+        major: cc.major,
+        minor: cc.minor,
+        suffix: (cc.major == 9 && cc.minor == 0).then_some('a'),
+        ptx: false,
+    }
+}
+
+/// The archs a JIT build for device `cc` uses: `--arch`, else `FLASHGEN_CUDA_ARCH_LIST`, else
+/// [`jit_arch_for`]. An explicit list must run on the device: a kernel the device cannot load is
+/// refused here rather than at launch.
+pub fn resolve_for_device(cli: Option<&str>, cc: Capability) -> Result<(Vec<Arch>, String)> {
+    let env = std::env::var("FLASHGEN_CUDA_ARCH_LIST")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let (archs, from) = match (cli, env) {
+        (Some(list), _) => (parse_list(list, "--arch")?, "--arch".to_string()),
+        (None, Some(list)) => (
+            parse_list(&list, "FLASHGEN_CUDA_ARCH_LIST")?,
+            format!("FLASHGEN_CUDA_ARCH_LIST={list}"),
+        ),
+        (None, None) => (vec![jit_arch_for(cc)], format!("the device ({cc})")),
+    };
+    if !archs.iter().any(|a| a.runs_on_device(cc)) {
+        return Err(UsageError::new(format!(
+            "{from}: none of {} runs on a GPU of compute capability {cc}",
+            archs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ))
+        .with_hint(format!(
+            "build for the device ({}), or unset FLASHGEN_CUDA_ARCH_LIST",
+            jit_arch_for(cc)
+        ))
+        .into());
+    }
+    Ok((archs, from))
+}
+
+/// The `runs_on` rows of a whole list, as the manifest records them for the loader.
+pub fn runs_on_all(archs: &[Arch]) -> Vec<RunsOn> {
+    archs.iter().flat_map(Arch::runs_on).collect()
+}
+
 /// Resolves the list by precedence; returns the archs and where they came from.
 pub fn resolve(cli: Option<&str>, config: &[String]) -> Result<(Vec<Arch>, String)> {
     if let Some(list) = cli {
@@ -152,6 +272,24 @@ mod tests {
             a[1].gencode(),
             vec!["-gencode=arch=compute_90a,code=sm_90a"]
         );
+    }
+
+    #[test]
+    fn compatibility_follows_cuda() {
+        let cc = |s: &str| Capability::parse(s, "t").unwrap();
+        let a = |s: &str| parse_list(s, "t").unwrap().remove(0);
+        assert!(a("9.0a").runs_on_device(cc("9.0")));
+        assert!(!a("9.0a").runs_on_device(cc("10.0")));
+        assert!(a("8.0").runs_on_device(cc("8.6")));
+        assert!(!a("8.0").runs_on_device(cc("9.0")));
+        assert!(a("8.0+PTX").runs_on_device(cc("9.0")));
+        assert!(!a("8.6").runs_on_device(cc("8.0")));
+        assert!(!a("9.0a+PTX").runs_on_device(cc("10.0")));
+        assert_eq!(jit_arch_for(cc("9.0")).to_string(), "9.0a");
+        assert_eq!(jit_arch_for(cc("8.6")).to_string(), "8.6");
+        for bad in ["9", "9.10", "x.0", "", "0.0", "9é.0"] {
+            assert!(Capability::parse(bad, "t").is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -560,6 +560,9 @@ impl<'m> Builder<'m> {
                 "host_compiler": self.toolchain.host_compiler,
             },
             "archs": self.archs.iter().flat_map(Arch::targets).collect::<Vec<_>>(),
+            // Which GPUs these binaries run on, as data: the loader compares the device's
+            // compute capability with these ranges and holds no arch rule of its own.
+            "runs_on": crate::arch::runs_on_all(&self.archs),
             "instances": built.iter().map(|b| self.instance_json(b, false)).collect::<Vec<_>>(),
         })
     }

@@ -12,14 +12,10 @@ use crate::filter::FilterArgs;
 #[derive(Debug, Parser)]
 #[command(name = "flashgen", version, max_term_width = 100)]
 pub struct Cli {
-    /// The variant matrix to read.
-    #[arg(
-        long,
-        global = true,
-        value_name = "PATH",
-        default_value = "variants.json"
-    )]
-    pub config: PathBuf,
+    /// The variant matrix to read [default: ./variants.json, else the one bundled with the
+    /// installed wheel this binary came from].
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
     /// Extra user-written variants for this run (JSON: {"variants": {name: {header, struct,
     /// params}}}), appended to every variant axis; never precompiled. Repeatable.
     #[arg(long = "variants-file", global = true, value_name = "PATH")]
@@ -45,6 +41,10 @@ pub enum Command {
     Clean(CleanArgs),
     /// Show the toolchain, architectures, job count and cache that a build would use.
     Doctor(DoctorArgs),
+    /// The runtime JIT's one call (the Python loader runs it): find the selected instance,
+    /// built for a device, in the cache (verified) or compile it into the cache, and print the
+    /// object's path and sha256 as JSON. Nothing is written outside the cache.
+    Jit(JitArgs),
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +142,23 @@ pub struct CleanArgs {
     /// Print what would be removed, and remove nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JitArgs {
+    /// The device's compute capability (MAJOR.MINOR, as the driver reports it); the JIT builds
+    /// for it (9.0 -> 9.0a) unless --arch or FLASHGEN_CUDA_ARCH_LIST names archs that run on it.
+    #[arg(long, value_name = "MAJOR.MINOR")]
+    pub device_cc: String,
+    /// Architectures to build for instead of the device's own (they must run on the device).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+    /// Only look: answer `"source": "missing"` instead of compiling (FLASHGEN_DISABLE_JIT).
+    #[arg(long)]
+    pub no_compile: bool,
+    /// Must select exactly one instance.
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]

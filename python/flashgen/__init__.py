@@ -11,8 +11,9 @@ Public API::
 
 Importing flashgen imports only the standard library; tensors come from torch, cupy or any
 DLPack producer. Environment: ``FLASHGEN_CACHE_DIR`` (JIT cache, default ``~/.cache/flashgen``),
-``FLASHGEN_DISABLE_JIT=1`` (never compile), ``FLASHGEN_CUDA_ARCH_LIST`` (JIT archs, e.g. ``9.0a``),
-``FLASHGEN_BIN`` (the binary the JIT runs).
+``FLASHGEN_DISABLE_JIT=1`` (never compile), ``FLASHGEN_CUDA_ARCH_LIST`` (JIT archs, e.g. ``9.0a``;
+they must run on the device), ``FLASHGEN_DEVICE_CC`` (serve a GPU of this compute capability,
+e.g. ``9.0``, instead of asking the driver), ``FLASHGEN_BIN`` (the binary the JIT runs).
 """
 
 from __future__ import annotations
@@ -42,15 +43,24 @@ def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any
     """The matrix's instances, as ``flashgen list-variants --json`` prints them (``uri``,
     ``module``, ``params``, ``codes``, ``aot``), plus ``precompiled``: whether this installation
     ships its binary. ``where`` filters by axis value; string values may be shell-style globs
-    (``head_dim="*6*"``), as the CLI's ``--where``."""
+    (``head_dim="*6*"``): the selection is the CLI's own (``--module``/``--where``), so the two
+    never disagree."""
     from . import _install, _matrix
 
     manifest = _install.aot_manifest() or {}
     shipped = {rec.get("uri") for rec in manifest.get("instances", ())}
+    mx = _matrix.matrix()
+    if module is None and not where:
+        chosen = mx.instances
+    else:
+        if module is not None:
+            mx.module(module)  # a ValueError naming the modules that exist
+        uris = set(_install.select_uris(module, {k: _matrix.format_value(v) for k, v in where.items()}))
+        chosen = [i for i in mx.instances if i.uri in uris]
     return [
         {"uri": i.uri, "module": i.module, "params": dict(i.params), "codes": dict(i.codes),
          "aot": i.aot, "precompiled": i.uri in shipped}
-        for i in _matrix.matrix().select(module, where)
+        for i in chosen
     ]
 
 

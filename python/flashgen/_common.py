@@ -33,9 +33,16 @@ def check_layout(what: str, kv_layout: Any) -> str:
     return str(kv_layout)
 
 
-def read_tensors(what: str, named: Mapping[str, Any]) -> tuple[dict[str, Tensor], Framework, int]:
-    """Describe each tensor; all must be CUDA tensors on one device. Returns (tensors, the first
-    tensor's framework, device ordinal)."""
+def read_tensors(what: str, named: Mapping[str, Any],
+                 optional: Sequence[str] = ("out",)) -> tuple[dict[str, Tensor], Framework, int]:
+    """Describe each tensor; all must be CUDA tensors on one device, and only the ``optional``
+    ones may be None. Returns (tensors, the first tensor's framework, device ordinal)."""
+    missing = [n for n, obj in named.items() if obj is None and n not in optional]
+    if missing:
+        raise TypeError(
+            f"{what}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required: "
+            "pass a CUDA tensor (torch, cupy or any DLPack producer), got None"
+        )
     out: dict[str, Tensor] = {}
     fw: Framework | None = None
     device = -1
@@ -58,7 +65,8 @@ def read_tensors(what: str, named: Mapping[str, Any]) -> tuple[dict[str, Tensor]
                 "all tensors must be on the same device"
             )
         out[name] = t
-    assert fw is not None
+    if fw is None:
+        raise TypeError(f"{what}: no tensor given")
     return out, fw, device
 
 

@@ -51,7 +51,7 @@ def driver() -> ctypes.CDLL:
                 _load_error = (
                     f"no CUDA driver: libcuda.so.1 could not be loaded ({exc}). flashgen kernels "
                     "need an NVIDIA GPU and its driver; to only build kernels without one, set "
-                    "FLASHGEN_CUDA_ARCH_LIST (for example 9.0a)"
+                    "FLASHGEN_DEVICE_CC to the GPU's compute capability (for example 9.0)"
                 )
                 raise NoGPUError(_load_error) from None
             status = lib.cuInit(0)
@@ -59,7 +59,7 @@ def driver() -> ctypes.CDLL:
                 _load_error = (
                     f"no usable CUDA device: cuInit failed with {_error_name(lib, status)}. Check "
                     "the driver and CUDA_VISIBLE_DEVICES; to only build kernels without a GPU, set "
-                    "FLASHGEN_CUDA_ARCH_LIST (for example 9.0a)"
+                    "FLASHGEN_DEVICE_CC to the GPU's compute capability (for example 9.0)"
                 )
                 raise NoGPUError(_load_error)
             _lib = lib

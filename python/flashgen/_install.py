@@ -27,7 +27,8 @@ __all__ = [
     "variants_json",
     "matrix_json",
     "aot_manifest",
-    "cache_root",
+    "aot_file",
+    "select_uris",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -145,6 +146,25 @@ def _describe() -> dict[str, Any]:
     return data
 
 
+def select_uris(module: str | None, where: dict[str, str]) -> list[str]:
+    """The URIs ``flashgen list-variants --module M --where AXIS=GLOB ...`` selects: the
+    binary's filter, so globbing has one implementation. A bad filter is a ValueError carrying
+    the binary's message; one that matches nothing selects nothing."""
+    import subprocess
+
+    cmd = [str(binary()), "--config", str(variants_json()), "list-variants", "--json"]
+    if module is not None:
+        cmd += ["--module", module]
+    for k, v in where.items():
+        cmd += ["--where", f"{k}={v}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 1 and "no instance matches" in proc.stderr:
+        return []
+    if proc.returncode != 0:
+        raise ValueError(proc.stderr.strip().removeprefix("error: "))
+    return [row["uri"] for row in json.loads(proc.stdout)]
+
+
 _manifest_cache: tuple[dict[str, Any] | None] | None = None
 
 
@@ -162,48 +182,21 @@ def aot_dir() -> Path:
     return _MANIFEST_FILE.parent
 
 
-_stamp: tuple[str | None] | None = None
-
-
-def source_stamp() -> str | None:
-    """In a source checkout, a short hash of the kernel sources' names, sizes and mtimes, so JIT
-    cache entries of edited sources are never reused (the build's own content-addressed cache
-    still skips nvcc when the bytes did not change). None for an installed wheel, whose sources
-    change only with its version."""
-    global _stamp
-    if _stamp is None:
-        root = None if is_installed() else repo_root()
-        if root is None:
-            _stamp = (None,)
-        else:
-            import hashlib
-
-            h = hashlib.sha256()
-            files = [root / "variants.json"]
-            for sub in ("csrc", "include"):
-                for dirpath, dirnames, filenames in os.walk(root / sub):
-                    dirnames.sort()
-                    files += [Path(dirpath) / f for f in sorted(filenames)]
-            for f in files:
-                try:
-                    st = f.stat()
-                except OSError:
-                    continue
-                h.update(f"{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            _stamp = (h.hexdigest()[:12],)
-    return _stamp[0]
-
-
-def cache_root() -> Path:
-    """``FLASHGEN_CACHE_DIR``, else ``~/.cache/flashgen`` (shared with ``flashgen build``)."""
-    env = os.environ.get("FLASHGEN_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "flashgen"
+def aot_file(name: Any) -> Path:
+    """The file a manifest row names: a plain ``.so`` file name inside ``_aot/``, never a path
+    that leads out of it (the build writes names only)."""
+    if (not isinstance(name, str) or not name.endswith(".so") or name.startswith(".")
+            or "/" in name or "\\" in name or "\0" in name):
+        raise FlashgenError(
+            f"{_MANIFEST_FILE} names the file {name!r}, which is not a plain .so file name in "
+            f"{aot_dir()}; the installation is corrupted.\n\nReinstall the flashgen wheel."
+        )
+    return aot_dir() / name
 
 
 def _reset_for_tests() -> None:
     """Forget memoized lookups (tests change the environment between cases)."""
-    global _matrix_cache, _manifest_cache, _stamp
+    global _matrix_cache, _manifest_cache
     _matrix_cache = None
     _manifest_cache = None
-    _stamp = None
     binary.cache_clear()

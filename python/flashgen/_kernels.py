@@ -95,22 +95,6 @@ SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
     "flashgen_batch_decode_query": (c_int, (_P, _I, c_char_p, _I)),
 }
 
-# C type names of variant parameters (variants.json) -> ctypes, for additional_params structs.
-PARAM_CTYPES = {
-    "float": c_float,
-    "double": ctypes.c_double,
-    "int32_t": ctypes.c_int32,
-    "int64_t": c_int64,
-    "uint32_t": ctypes.c_uint32,
-    "int": c_int,
-    "bool": ctypes.c_bool,
-    "const float*": c_void_p,
-    "float*": c_void_p,
-    "const int32_t*": c_void_p,
-    "void*": c_void_p,
-}
-
-
 class FlashgenError(RuntimeError):
     """A nonzero status from an entry point, with the module's last error message."""
 
@@ -125,14 +109,13 @@ class FlashgenError(RuntimeError):
 
 
 def params_struct(name: str, params: Sequence[dict]) -> type:
-    """A ctypes Structure laid out like ADDITIONAL_PARAMS_DECL for `params` [{"name","type"}]."""
-    fields = []
-    for p in params:
-        try:
-            fields.append((p["name"], PARAM_CTYPES[p["type"]]))
-        except KeyError:
-            raise ValueError(f"variant {name!r}: no ctypes mirror for C type {p['type']!r}") from None
-    return type(f"{name}_params", (ctypes.Structure,), {"_fields_": fields})
+    """A ctypes Structure laid out like ADDITIONAL_PARAMS_DECL for ``params`` [{"name", "type"}],
+    from the binary's type table (``_variant.ParamPacker``)."""
+    from ._matrix import Param
+    from ._variant import ParamPacker
+
+    st = ParamPacker(name, [Param(p["name"], p["type"]) for p in params]).struct_type
+    return st if st is not None else type(f"{name}_params", (ctypes.Structure,), {"_fields_": []})
 
 
 class KernelLibrary:

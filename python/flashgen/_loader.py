@@ -1,15 +1,16 @@
-"""Finding the binary of one kernel instance: the wheel's precompiled ``.so``, else the JIT cache,
-else compiling it with the bundled ``flashgen`` binary (the same build that made the wheel).
+"""Finding the binary of one kernel instance: the wheel's precompiled ``.so`` when it runs on the
+device, else the one the bundled ``flashgen`` binary finds in, or builds into, its cache.
 
-The warm path (precompiled or cached) reads one small JSON file, hashes the ``.so`` once per
-process and spawns nothing; loaded instances are memoized per process. The cold path takes the
-entry's OS lock, looks again, runs ``flashgen build`` into a temporary folder inside the cache and
-installs the result atomically (see ``_cache``).
+Python holds no build policy. Which architectures a precompiled file runs on is data the build
+wrote into the manifest (``runs_on``); where the cache lives, how it is keyed, what the JIT builds
+for a device, locking and verification belong to the binary, which the JIT path runs as
+``flashgen jit`` and which answers with the verified object's path and sha256. Either way the
+loader reads the file once, checks it (``_verify``) and loads those very bytes. AOT hits spawn
+nothing; loaded instances are memoized per process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -18,23 +19,25 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import _arch, _cuda, _install
-from ._cache import Entry, sha256_file
+from . import _cuda, _install
 from ._errors import CompileError, FlashgenError, JITDisabledError
 from ._matrix import Instance, format_value, matrix
 from ._variant import Variant
+from ._verify import UntrustedFileError, loadable_path, read_checked
 
-__all__ = ["Loaded", "load", "target_archs", "jit_enabled", "cache_dir"]
+__all__ = ["Loaded", "load", "device_capability", "jit_enabled"]
 
 
 class Loaded:
-    """One instance, ready to bind: its binary, where it came from (``source``: "aot", "cache"
-    or "jit"), its runtime codes, and the wall time of the lookup (and compile) in ``seconds``."""
+    """One instance, ready to bind: its binary (``path``, where it was read from; the library is
+    loaded from a sealed in-memory copy of the checked bytes), where it came from (``source``:
+    "aot", "cache" or "jit"), its runtime codes, and the wall time of the lookup (and compile)
+    in ``seconds``."""
 
-    __slots__ = ("uri", "module", "params", "codes", "path", "source", "seconds", "_kernels")
+    __slots__ = ("uri", "module", "params", "codes", "path", "source", "seconds", "_data", "_kernels")
 
     def __init__(self, uri: str, module: str, params: dict[str, Any], codes: dict[str, int],
-                 path: Path, source: str, seconds: float = 0.0) -> None:
+                 path: Path, source: str, data: bytes, seconds: float = 0.0) -> None:
         self.uri = uri
         self.module = module
         self.params = params
@@ -42,6 +45,7 @@ class Loaded:
         self.path = path
         self.source = source
         self.seconds = seconds
+        self._data: bytes | None = data
         self._kernels: Any = None
 
     def __repr__(self) -> str:
@@ -49,58 +53,44 @@ class Loaded:
 
     @property
     def kernels(self) -> Any:
-        """The ctypes binding of this instance's ``.so`` (``_kernels``), created on first use."""
+        """The ctypes binding of this instance (``_kernels``), created on first use from the
+        bytes that were checked."""
         if self._kernels is None:
             from ._kernels import KernelLibrary
 
+            assert self._data is not None
             try:
-                self._kernels = KernelLibrary(str(self.path))
+                self._kernels = KernelLibrary(loadable_path(self._data, self.uri))
             except OSError as exc:
                 raise FlashgenError(
                     f"{self.uri}: cannot load {self.path} ({self.source}): {exc}"
-                    + ("\n\nDelete it so the JIT rebuilds it." if self.source != "aot" else
-                       "\n\nReinstall the flashgen wheel.")
+                    + ("\n\nReinstall the flashgen wheel." if self.source == "aot" else
+                       "\n\nRun `flashgen clean --cache` and try again.")
                 ) from None
+            self._data = None  # the loader holds the bytes now
         return self._kernels
 
 
 _memo: dict[tuple[Any, ...], Loaded] = {}
 _memo_lock = threading.Lock()
 _key_locks: dict[tuple[Any, ...], threading.Lock] = {}
-_verified_aot: set[str] = set()
 
 
 def jit_enabled() -> bool:
     return os.environ.get("FLASHGEN_DISABLE_JIT", "").strip().lower() in ("", "0", "false", "no", "off")
 
 
-def target_archs(device: int | None = None) -> tuple[list[_arch.Arch], str]:
-    """(archs to build for / must be covered, the ``--arch`` argument). ``FLASHGEN_CUDA_ARCH_LIST``
-    wins; otherwise the compute capability of ``device`` (default 0) from the driver."""
-    env = os.environ.get("FLASHGEN_CUDA_ARCH_LIST", "").strip()
+def device_capability(device: int | None = None) -> tuple[int, int]:
+    """The compute capability the loader serves: ``FLASHGEN_DEVICE_CC`` (``MAJOR.MINOR``: build
+    and pick kernels for that GPU, e.g. to fill a cache on a machine without it), else the
+    driver's answer for ``device`` (default 0)."""
+    env = os.environ.get("FLASHGEN_DEVICE_CC", "").strip()
     if env:
-        try:
-            return _arch.parse_arch_list(env), env
-        except ValueError as exc:
-            raise ValueError(f"FLASHGEN_CUDA_ARCH_LIST: {exc}") from None
-    cc = _cuda.compute_capability(device or 0)
-    arg = _arch.jit_arch_for(cc)
-    return _arch.parse_arch_list(arg), arg
-
-
-def cache_dir(version: str, archs: list[_arch.Arch]) -> Path:
-    """``<cache>/<version>/<arch key>``; a source checkout adds a stamp of its sources to the
-    version folder (``0.1.0+src.<hash>``)."""
-    stamp = _install.source_stamp()
-    folder = version if stamp is None else f"{version}+src.{stamp}"
-    return _install.cache_root() / folder / _arch.arch_key(archs)
-
-
-def _where_flags(params: Mapping[str, Any]) -> list[str]:
-    out: list[str] = []
-    for k, v in params.items():
-        out += ["--where", f"{k}={format_value(v)}"]
-    return out
+        major, dot, minor = env.partition(".")
+        if not (dot and major.isdigit() and minor.isdigit()):
+            raise ValueError(f"FLASHGEN_DEVICE_CC={env!r}: write MAJOR.MINOR, e.g. 9.0")
+        return int(major), int(minor)
+    return _cuda.compute_capability(device or 0)
 
 
 def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
@@ -108,9 +98,10 @@ def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
     """The instance of ``module`` with ``params`` (axis -> value; for a custom ``variant`` the
     ``variant`` axis is taken from it). Raises ValueError for params no instance covers.
     ``prefer_aot=False`` skips the wheel's binaries (the parity test builds through the JIT)."""
-    targets, arch_arg = target_archs(device)
+    cc = device_capability(device)
     memo_key = (module, tuple(sorted((k, format_value(v)) for k, v in params.items())),
-                variant.digest if variant is not None else None, _arch.arch_key(targets), prefer_aot)
+                variant.digest if variant is not None else None, cc,
+                os.environ.get("FLASHGEN_CUDA_ARCH_LIST", ""), prefer_aot)
     hit = _memo.get(memo_key)
     if hit is not None:
         return hit
@@ -119,121 +110,67 @@ def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
     with key_lock:
         hit = _memo.get(memo_key)
         if hit is None:
-            hit = _load(module, dict(params), variant, targets, arch_arg, prefer_aot)
+            hit = _load(module, dict(params), variant, cc, prefer_aot)
             _memo[memo_key] = hit
     return hit
 
 
-def _load(module: str, params: dict[str, Any], variant: Variant | None,
-          targets: list[_arch.Arch], arch_arg: str, prefer_aot: bool = True) -> Loaded:
+def _load(module: str, params: dict[str, Any], variant: Variant | None, cc: tuple[int, int],
+          prefer_aot: bool) -> Loaded:
     t0 = time.perf_counter()
     mx = matrix()
     inst: Instance | None = None
     if variant is None:
         inst = mx.find(module, params)
-        aot = _aot_lookup(inst, targets) if prefer_aot else None
+        aot = _aot_lookup(inst, cc) if prefer_aot else None
         if aot is not None:
             aot.seconds = time.perf_counter() - t0
             return aot
-        key = inst.uri
     else:
         vaxis = mx.module(module).variant_axis
         assert vaxis is not None
         params = {k: v for k, v in params.items() if k != vaxis.name}
         mx.check_custom(module, params)
         params[vaxis.name] = variant.name
-        where = json.dumps({"module": module, "params": {k: format_value(v) for k, v in params.items()},
-                            "variant": variant.digest}, sort_keys=True)
-        key = f"{module}-custom-{variant.name}-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
-    entry = Entry(cache_dir(mx.version, targets), key)
-    meta = entry.read_valid()
-    if meta is not None:
-        return _from_meta(entry, meta, "cache", t0)
-    if not jit_enabled():
-        raise JITDisabledError(_disabled_message(module, params, inst, variant, targets, arch_arg, entry))
-    with entry.lock():
-        meta = entry.read_valid()  # another process may have built it while we waited
-        if meta is not None:
-            return _from_meta(entry, meta, "cache", t0)
-        entry.clear_stale_tmp()
-        meta = _compile(entry, module, params, variant, arch_arg, mx.version)
-    return _from_meta(entry, meta, "jit", t0)
+    loaded = _jit(module, params, variant, cc, inst)
+    loaded.seconds = time.perf_counter() - t0
+    return loaded
 
 
-def _from_meta(entry: Entry, meta: Mapping[str, Any], source: str, t0: float) -> Loaded:
-    inst = meta["instance"]
-    return Loaded(inst["uri"], inst["module"], dict(inst["params"]), dict(inst["codes"]),
-                  entry.so_path, source, time.perf_counter() - t0)
+def _runs_on(rows: Any, cc: tuple[int, int]) -> bool:
+    """Whether the manifest's ``runs_on`` rows (``{"target", "min", "max"}``, written by the
+    build) admit a GPU of capability ``cc``."""
+    for row in rows or ():
+        lo, hi = row.get("min"), row.get("max")
+        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
+            return True
+    return False
 
 
-def _aot_lookup(inst: Instance, targets: list[_arch.Arch]) -> Loaded | None:
+def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
     manifest = _install.aot_manifest()
-    if not manifest:
-        return None
-    raw_archs = manifest.get("archs") or []
-    archs = _arch.parse_arch_list(raw_archs) if raw_archs else []
-    if not archs or not all(_arch.covers(archs, t.cc) for t in targets):
+    if not manifest or not _runs_on(manifest.get("runs_on"), cc):
         return None
     for rec in manifest.get("instances", ()):
         if rec.get("uri") == inst.uri:
             break
     else:
         return None
-    path = _install.aot_dir() / rec["path"]
-    if inst.uri not in _verified_aot:
-        try:
-            digest = sha256_file(path)
-        except OSError as exc:
-            raise FlashgenError(
-                f"{inst.uri}: the precompiled kernel {path} is listed in the manifest but cannot be "
-                f"read ({exc}).\n\nReinstall the flashgen wheel."
-            ) from None
-        if digest != rec.get("sha256"):
-            raise FlashgenError(
-                f"{inst.uri}: the precompiled kernel {path} does not match the sha256 in "
-                f"{_install.aot_dir() / 'manifest.json'} (got {digest}, expected {rec.get('sha256')}); "
-                "the installation is corrupted.\n\nReinstall the flashgen wheel "
-                "(pip install --force-reinstall)."
-            )
-        _verified_aot.add(inst.uri)
+    path = _install.aot_file(rec.get("path"))
+    try:
+        data = read_checked(path, str(rec.get("sha256")), private=False)
+    except UntrustedFileError as exc:
+        raise FlashgenError(
+            f"{inst.uri}: the precompiled kernel listed in {_install.aot_dir() / 'manifest.json'} "
+            f"cannot be used: {exc}; the installation is corrupted.\n\nReinstall the flashgen "
+            "wheel (pip install --force-reinstall)."
+        ) from None
     codes = dict(rec.get("codes") or inst.codes)
-    return Loaded(inst.uri, inst.module, dict(inst.params), codes, path, "aot")
-
-
-def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | None,
-                      variant: Variant | None, targets: list[_arch.Arch], arch_arg: str,
-                      entry: Entry) -> str:
-    import shlex
-
-    archs = " ".join(a.name for a in targets)
-    where = " ".join(f"--where {k}={format_value(v)}" for k, v in params.items())
-    if variant is None and inst is not None:
-        manifest = _install.aot_manifest()
-        shipped = manifest is not None and any(r.get("uri") == inst.uri for r in manifest.get("instances", ()))
-        why = (
-            f"the wheel precompiles it only for {', '.join(manifest.get('archs', []))}"  # type: ignore[union-attr]
-            if shipped else "it is not precompiled in this installation"
-        )
-        return (
-            f"{inst.uri} is needed for {archs}, but {why} and it is not in the JIT cache "
-            f"({entry.dir}), and FLASHGEN_DISABLE_JIT={os.environ.get('FLASHGEN_DISABLE_JIT')} "
-            "forbids compiling it.\n\n"
-            "Unset FLASHGEN_DISABLE_JIT to compile it on first use, or install a wheel that "
-            f"precompiles it: flashgen build-wheel --arch {shlex.quote(arch_arg)} --module {module} {where}"
-        )
-    name = variant.name if variant is not None else "?"
-    return (
-        f"the custom variant {name!r} of {module} ({where}) is compiled only by the JIT and is not "
-        f"in the JIT cache ({entry.dir}), and FLASHGEN_DISABLE_JIT="
-        f"{os.environ.get('FLASHGEN_DISABLE_JIT')} forbids compiling it.\n\n"
-        "Unset FLASHGEN_DISABLE_JIT, or compile it once with JIT enabled into the same "
-        "FLASHGEN_CACHE_DIR before disabling the JIT."
-    )
+    return Loaded(inst.uri, inst.module, dict(inst.params), codes, path, "aot", data)
 
 
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
-    """Kill the compile if the process that asked for it dies (Linux), so no orphan keeps
-    compiling into a folder the next process removes."""
+    """Kill the binary (and with it its compiles) if the process that asked dies (Linux)."""
     try:
         import ctypes
         import signal
@@ -243,94 +180,107 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
         pass
 
 
-def _compile(entry: Entry, module: str, params: Mapping[str, Any], variant: Variant | None,
-             arch_arg: str, version: str) -> dict[str, Any]:
+def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
+         inst: Instance | None) -> Loaded:
+    """Ask ``flashgen jit`` for the instance: it answers from its verified cache or compiles it
+    (under its per-object lock), or, with the JIT disabled, says it is missing."""
     import shlex
-    import shutil
     import subprocess
+    import tempfile
 
-    out = entry.make_tmp()
-    try:
-        cmd = [str(_install.binary()), "--config", str(_install.variants_json()), "build",
-               "--out", str(out), "--arch", arch_arg, "--json", "--quiet", "--module", module]
-        cmd += _where_flags(params)
+    cmd = [str(_install.binary()), "--config", str(_install.variants_json()), "jit",
+           "--device-cc", f"{cc[0]}.{cc[1]}", "--module", module]
+    for k, v in params.items():
+        cmd += ["--where", f"{k}={format_value(v)}"]
+    if not jit_enabled():
+        cmd.append("--no-compile")
+    env = dict(os.environ)
+    # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
+    env.setdefault("FLASHGEN_PYTHON", sys.executable)
+    what = f"{module} ({', '.join(f'{k}={format_value(v)}' for k, v in params.items())})"
+    with tempfile.TemporaryDirectory(prefix="flashgen-variant-") as tmp:
         if variant is not None:
-            vfile = out / "variants.json"
-            vfile.write_text(json.dumps(_variants_file(variant, version), indent=1))
-            cmd += ["--variants-file", str(vfile)]
-        env = dict(os.environ)
-        env["FLASHGEN_CACHE_DIR"] = str(_install.cache_root())
-        # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
-        env.setdefault("FLASHGEN_PYTHON", sys.executable)
+            cmd += ["--variants-file", str(_write_variant(variant, Path(tmp)))]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
-        what = f"{module} ({', '.join(f'{k}={format_value(v)}' for k, v in params.items())})"
-        if proc.returncode != 0:
-            raise CompileError(
-                f"compiling {what} for {arch_arg} failed: flashgen exited with status "
-                f"{proc.returncode}.\n\ncommand: {shlex.join(cmd)}\n"
-                f"---- stderr ----\n{proc.stderr.strip() or '<stderr is empty>'}\n----------------"
-            )
-        try:
-            summary = json.loads(proc.stdout)
-            rec = next(r for r in summary["instances"] if r.get("module") == module)
-            built = Path(rec["path"])
-            if not built.is_absolute():
-                built = out / built
-            sha = rec["sha256"]
-        except (ValueError, KeyError, StopIteration, TypeError) as exc:
-            raise CompileError(
-                f"compiling {what}: flashgen printed no usable build summary ({exc!r}).\n\n"
-                f"command: {shlex.join(cmd)}\n---- stdout ----\n{proc.stdout.strip()}\n----------------"
-            ) from None
-        toolchain: dict[str, Any] = dict(summary.get("toolchain") or {})
-        with_manifest = out / "manifest.json"
-        if not toolchain and with_manifest.is_file():
-            try:
-                toolchain = dict(json.loads(with_manifest.read_text()).get("toolchain") or {})
-            except ValueError:
-                toolchain = {}
-        meta = {
-            "flashgen_version": version,
-            "arch": arch_arg,
-            "instance": {k: rec.get(k) for k in ("uri", "module", "params", "codes", "fingerprint")},
-            "toolchain": toolchain,
-            "variant": None if variant is None else {"name": variant.name, "digest": variant.digest},
-        }
-        try:
-            return entry.install(built, sha, meta)
-        except OSError as exc:
-            raise CompileError(f"installing {what} into the JIT cache {entry.dir} failed: {exc}") from None
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode != 0:
+        raise CompileError(
+            f"{what}: `flashgen jit` exited with status {proc.returncode}.\n\n"
+            f"command: {shlex.join(cmd)}\n"
+            f"---- stderr ----\n{proc.stderr.strip() or '<stderr is empty>'}\n----------------"
+        )
+    try:
+        rec = json.loads(proc.stdout)
+        found = rec["source"]
+        arch = str(rec["arch"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CompileError(
+            f"{what}: `flashgen jit` printed no usable answer ({exc!r}).\n\n"
+            f"command: {shlex.join(cmd)}\n---- stdout ----\n{proc.stdout.strip()}\n----------------"
+        ) from None
+    if found == "missing":
+        err = JITDisabledError(_disabled_message(module, params, inst, variant, arch, rec))
+        err.answer = rec  # what the binary said: its cache folder, the archs it would build
+        raise err
+    path = Path(rec["path"])
+    try:
+        data = read_checked(path, rec["sha256"], private=True)
+    except UntrustedFileError as exc:
+        raise FlashgenError(
+            f"{what}: the JIT cache entry cannot be trusted: {exc}.\n\nRun `flashgen clean --cache` "
+            "(or fix the folder's owner and mode) and try again."
+        ) from None
+    source = "jit" if found == "compiled" else "cache"
+    return Loaded(rec["uri"], rec["module"], dict(rec["params"]), dict(rec["codes"]), path, source, data)
 
 
-def _variants_file(variant: Variant, version: str) -> dict[str, Any]:
-    header = _variant_header(variant, version)
-    return {"variants": {variant.name: {
-        "header": str(header), "struct": variant.struct,
-        "params": [{"name": p.name, "type": p.ctype} for p in variant.params],
-    }}}
-
-
-def _variant_header(variant: Variant, version: str) -> Path:
-    """Write the user's source into the cache as a header named by its content hash."""
-    folder = _install.cache_root() / version / "variants"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{variant.name}-{variant.digest[:16]}.cuh"
-    text = (
+def _write_variant(variant: Variant, folder: Path) -> Path:
+    """The user's source as a header, and a variants file naming it, in a private folder that
+    lives for one ``flashgen jit`` call (the build keys the header by content)."""
+    header = folder / f"{variant.name}-{variant.digest[:16]}.cuh"
+    header.write_text(
         f"// flashgen custom variant {variant.name!r}, written by the flashgen loader from "
         "flashgen.Variant(...): do not edit.\n"
         "#pragma once\n#include <flashgen/variant.cuh>\n\n"
         + variant.source.rstrip() + "\n"
     )
-    if not path.is_file() or path.read_text() != text:
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        part.write_text(text)
-        os.replace(part, path)
-    return path
+    vfile = folder / "variants.json"
+    vfile.write_text(json.dumps({"variants": {variant.name: {
+        "header": str(header), "struct": variant.struct,
+        "params": [{"name": p.name, "type": p.ctype} for p in variant.params],
+    }}}, indent=1))
+    return vfile
+
+
+def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | None,
+                      variant: Variant | None, arch: str, rec: Mapping[str, Any]) -> str:
+    import shlex
+
+    where = " ".join(f"--where {k}={format_value(v)}" for k, v in params.items())
+    cache = rec.get("cache_dir", "the JIT cache")
+    forbids = f"FLASHGEN_DISABLE_JIT={os.environ.get('FLASHGEN_DISABLE_JIT')} forbids compiling it"
+    if variant is None and inst is not None:
+        manifest = _install.aot_manifest()
+        shipped = manifest is not None and any(r.get("uri") == inst.uri for r in manifest.get("instances", ()))
+        why = (
+            "the wheel's precompiled copy does not run on this GPU "
+            f"(it holds {', '.join(manifest.get('archs', []))})"  # type: ignore[union-attr]
+            if shipped else "it is not precompiled in this installation"
+        )
+        return (
+            f"{inst.uri} is needed for {arch}, but {why}, it is not in the JIT cache ({cache}), "
+            f"and {forbids}.\n\n"
+            "Unset FLASHGEN_DISABLE_JIT to compile it on first use, or install a wheel that "
+            f"precompiles it: flashgen build-wheel --arch {shlex.quote(arch)} --module {module} {where}"
+        )
+    name = variant.name if variant is not None else "?"
+    return (
+        f"the custom variant {name!r} of {module} ({where}) is compiled only by the JIT and is not "
+        f"in the JIT cache ({cache}), and {forbids}.\n\n"
+        "Unset FLASHGEN_DISABLE_JIT, or compile it once with JIT enabled into the same "
+        "FLASHGEN_CACHE_DIR before disabling the JIT."
+    )
 
 
 def _reset_for_tests() -> None:
     _memo.clear()
-    _verified_aot.clear()

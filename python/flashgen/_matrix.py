@@ -177,40 +177,10 @@ class Matrix:
             for a in mod.axes if a.name in ignore for v in a.values
         )
 
-    # -- listing -------------------------------------------------------------------------------
-
-    def select(self, module: str | None = None, where: Mapping[str, Any] | None = None) -> list[Instance]:
-        """Instances of ``module`` (all if None) whose params match ``where`` (globs allowed)."""
-        where = dict(where or {})
-        mods = [self.module(module)] if module is not None else list(self.modules.values())
-        known = {a.name for m in mods for a in m.axes}
-        unknown = [k for k in where if k not in known]
-        if unknown:
-            raise ValueError(
-                f"unknown axis {', '.join(map(repr, unknown))}; axes: {', '.join(sorted(known))}"
-            )
-        names = {m.name for m in mods}
-        out = []
-        for inst in self.instances:
-            if inst.module not in names:
-                continue
-            if all(k in inst.params and _matches(inst.params[k], v) for k, v in where.items()):
-                out.append(inst)
-        return out
-
 
 def _norm(value: Any) -> Any:
     """Compare axis values the way the CLI does: as their spelled-out strings."""
     return format_value(value)
-
-
-def _matches(actual: Any, pattern: Any) -> bool:
-    text = format_value(actual)
-    if isinstance(pattern, str) and any(c in pattern for c in "*?["):
-        import fnmatch
-
-        return fnmatch.fnmatchcase(text, pattern)
-    return text == format_value(pattern)
 
 
 _matrix: Matrix | None = None

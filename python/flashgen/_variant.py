@@ -15,55 +15,41 @@ from ._matrix import Param
 
 __all__ = ["Variant", "ParamPacker", "ctype_of"]
 
-_SCALARS: dict[str, Any] = {
-    "float": ctypes.c_float,
-    "double": ctypes.c_double,
-    "bool": ctypes.c_bool,
-    "int": ctypes.c_int,
-    "int8_t": ctypes.c_int8,
-    "uint8_t": ctypes.c_uint8,
-    "int16_t": ctypes.c_int16,
-    "uint16_t": ctypes.c_uint16,
-    "int32_t": ctypes.c_int32,
-    "uint32_t": ctypes.c_uint32,
-    "int64_t": ctypes.c_int64,
-    "uint64_t": ctypes.c_uint64,
-    "unsigned": ctypes.c_uint,
-    "unsigned int": ctypes.c_uint,
-}
-
-# Pointee C type -> the tensor dtype a pointer parameter must have.
-_POINTEE_DTYPE = {
-    "float": "f32", "half": "f16", "__half": "f16", "__nv_bfloat16": "bf16", "int32_t": "i32",
-    "int": "i32", "uint32_t": "u32", "int64_t": "i64", "uint8_t": "u8", "int8_t": "i8",
-    "double": "f64", "void": "any",
-}
-
 # Patterns compile on first use: import flashgen stays cheap.
-_CTYPE = r"^\s*(?:const\s+)?([A-Za-z_][\w ]*?)\s*(\*)?\s*(?:const\s*)?$"
-_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_CTYPE = r"(const\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\*)?"
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _STRUCT = r"template\s*<[^<>]*>\s*struct\s+([A-Za-z_]\w*)"
+
+_table: dict[str, tuple[Any, str]] | None = None
+
+
+def _type_table() -> dict[str, tuple[Any, str]]:
+    """C type -> (ctypes type, dtype of a tensor a pointer to it must be), from the one table the
+    binary owns (``param_types`` of ``flashgen describe --json``)."""
+    global _table
+    if _table is None:
+        from ._install import matrix_json
+
+        _table = {row["c"]: (getattr(ctypes, row["ctypes"]), row["dtype"])
+                  for row in matrix_json()["param_types"]}
+    return _table
 
 
 def ctype_of(ctype: str) -> tuple[Any, str | None]:
-    """(ctypes type, pointee dtype or None) for a parameter's C type; pointers are passed as
-    device addresses (``c_void_p``) and must be tensors of the pointee's dtype."""
-    m = re.match(_CTYPE, ctype)
-    if m is None:
-        raise TypeError(f"unsupported C type {ctype!r} for a variant parameter")
-    base, star = " ".join(m.group(1).split()), m.group(2)
-    if star:
-        if base not in _POINTEE_DTYPE:
-            raise TypeError(
-                f"unsupported pointer type {ctype!r}; pointees: {', '.join(sorted(_POINTEE_DTYPE))}"
-            )
-        return ctypes.c_void_p, _POINTEE_DTYPE[base]
-    if base not in _SCALARS:
+    """(ctypes type, pointee dtype or None) for a parameter's C type: one of the binary's
+    ``param_types``, or ``T*`` / ``const T*`` of one, passed as a device address (``c_void_p``)
+    that must be a tensor of T's dtype."""
+    table = _type_table()
+    m = re.fullmatch(_CTYPE, ctype.strip()) if isinstance(ctype, str) else None
+    base = m.group(2) if m else None
+    if m is None or base not in table or (m.group(1) and not m.group(3)):
         raise TypeError(
-            f"unsupported C type {ctype!r} for a variant parameter; scalar types: "
-            f"{', '.join(sorted(_SCALARS))}, or a pointer to one"
+            f"unsupported C type {ctype!r} for a variant parameter; types: "
+            f"{', '.join(table)}, or T* / const T* of one"
         )
-    return _SCALARS[base], None
+    if m.group(3):
+        return ctypes.c_void_p, table[base][1]
+    return table[base][0], None
 
 
 class Variant:
@@ -80,7 +66,7 @@ class Variant:
 
     def __init__(self, name: str, source: str, params: Sequence[tuple[str, str]] = (),
                  struct: str | None = None) -> None:
-        if not isinstance(name, str) or not re.match(_IDENT, name):
+        if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
             raise ValueError(f"Variant name {name!r} must be a C identifier (letters, digits, _)")
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"Variant {name!r}: source must be non-empty C++ text")
@@ -92,9 +78,11 @@ class Variant:
                 raise TypeError(
                     f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
                 ) from None
-            if not re.match(_IDENT, str(pname)):
+            if not isinstance(pname, str) and re.fullmatch(_IDENT, pname):
                 raise ValueError(f"Variant {name!r}: parameter name {pname!r} is not a C identifier")
-            ctype_of(str(ptype))  # raises on an unsupported type
+            if not isinstance(ptype, str):
+                raise TypeError(f"Variant {name!r}: the C type of {pname!r} must be a string, got {ptype!r}")
+            ctype_of(ptype)  # raises on a type outside the binary's table
             if any(p.name == pname for p in plist):
                 raise ValueError(f"Variant {name!r}: parameter {pname!r} is declared twice")
             plist.append(Param(str(pname), str(ptype)))
@@ -107,7 +95,7 @@ class Variant:
                     "pass struct='Name'"
                 )
             struct = found[0]
-        elif not re.match(_IDENT, struct):
+        elif not isinstance(struct, str) or not re.fullmatch(_IDENT, struct):
             raise ValueError(f"Variant {name!r}: struct {struct!r} is not a C identifier")
         self.name = name
         self.source = source
@@ -207,3 +195,7 @@ class ParamPacker:
                     ) from None
         return self.struct_type(*values), keep
 
+
+def _reset_for_tests() -> None:
+    global _table
+    _table = None

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 
-use crate::build::{default_jobs, BuildOptions, BuildReport, Builder, FailureKind};
+use crate::build::{default_jobs, BuildOptions, BuildReport, Builder, Failure, FailureKind};
 use crate::cli::{BuildArgs, CompileArgs};
 use crate::matrix::Matrix;
 use crate::ui::Ui;
@@ -70,33 +70,7 @@ pub(crate) fn summary_json(
 /// Prints failures in full and the one-line summary; an error when anything failed.
 pub(crate) fn finish(r: &BuildReport, ui: &Ui, out: &std::path::Path) -> Result<()> {
     for f in &r.failures {
-        match f.kind {
-            FailureKind::Compile => {
-                eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
-                eprintln!("command (reproduces this compile alone):\n  {}", f.command);
-                eprintln!("--- stderr ---");
-                let text = f.stderr.trim_end();
-                eprintln!(
-                    "{}",
-                    if text.is_empty() {
-                        "<stderr is empty>"
-                    } else {
-                        text
-                    }
-                );
-                eprintln!("--------------");
-            }
-            FailureKind::Store => {
-                eprintln!(
-                    "error: {}: nvcc succeeded but the result could not be stored: {}",
-                    f.uri, f.status
-                );
-            }
-            FailureKind::EntryPoint => {
-                eprintln!("error: {}: {} (nothing was cached)", f.uri, f.status);
-                eprintln!("command:\n  {}", f.command);
-            }
-        }
+        print_failure(f);
     }
     let compiled = r.built.iter().filter(|b| !b.cached).count();
     ui.status(format!(
@@ -127,4 +101,35 @@ pub(crate) fn finish(r: &BuildReport, ui: &Ui, out: &std::path::Path) -> Result<
         );
     }
     Ok(())
+}
+
+/// One failure in full: what failed, and the command that reproduces it.
+pub(crate) fn print_failure(f: &Failure) {
+    match f.kind {
+        FailureKind::Compile => {
+            eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
+            eprintln!("command (reproduces this compile alone):\n  {}", f.command);
+            eprintln!("--- stderr ---");
+            let text = f.stderr.trim_end();
+            eprintln!(
+                "{}",
+                if text.is_empty() {
+                    "<stderr is empty>"
+                } else {
+                    text
+                }
+            );
+            eprintln!("--------------");
+        }
+        FailureKind::Store => {
+            eprintln!(
+                "error: {}: nvcc succeeded but the result could not be stored: {}",
+                f.uri, f.status
+            );
+        }
+        FailureKind::EntryPoint => {
+            eprintln!("error: {}: {} (nothing was cached)", f.uri, f.status);
+            eprintln!("command:\n  {}", f.command);
+        }
+    }
 }

@@ -1,21 +1,27 @@
 //! `flashgen doctor`: what a build would use, or why it cannot run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 use serde_json::json;
 
-use crate::arch;
+use super::ConfigSource;
+use crate::arch::{self, Arch};
 use crate::build::default_jobs;
 use crate::cache::Cache;
 use crate::cli::DoctorArgs;
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
-pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Result<()> {
-    let cache = Cache::default_dir().and_then(Cache::open).map(|c| c.dir);
+pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs) -> Result<()> {
+    // Where the cache is (the one rule, shared with the JIT) and whether it can be used.
+    let cache_dir = Cache::default_dir();
+    let cache = cache_dir
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(|d| Cache::open(d.clone()).map(|c| c.dir));
     let toolchain = Toolchain::discover(cache.as_ref().ok().map(PathBuf::as_path));
-    let matrix = Matrix::load(config, variants_files);
+    let matrix = Matrix::load(&config.path, variants_files);
     let config_archs = matrix.as_ref().map(|m| m.archs.clone()).unwrap_or_default();
     let archs = arch::resolve(args.arch.as_deref(), &config_archs);
     let jobs = default_jobs(None, &crate::ui::Ui::new(true));
@@ -23,10 +29,19 @@ pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Resu
     if args.json {
         let v = json!({
             "toolchain": toolchain.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |t| json!(t)),
-            "archs": archs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |(a, src)| json!({"list": super::archs_text(a), "from": src})),
+            "archs": archs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |(a, src)| json!({
+                "list": super::archs_text(a),
+                "from": src,
+                "targets": a.iter().flat_map(Arch::targets).collect::<Vec<_>>(),
+                "runs_on": arch::runs_on_all(a),
+            })),
             "jobs": jobs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |j| json!(j)),
-            "cache_dir": cache.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |d| json!(d)),
-            "config": matrix.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |m| json!({"path": m.config_path, "instances": m.instances.len(), "aot": m.instances.iter().filter(|i| i.aot).count()})),
+            "cache_dir": cache_dir.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |d| json!(d)),
+            "cache": cache.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |_| json!("ok")),
+            "config": matrix.as_ref().map_err(err).map_or_else(
+                |e| json!({"error": e, "path": config.path, "origin": config.origin}),
+                |m| json!({"path": m.config_path, "origin": config.origin, "instances": m.instances.len(),
+                           "aot": m.instances.iter().filter(|i| i.aot).count()})),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -50,14 +65,16 @@ pub fn run(config: &Path, variants_files: &[PathBuf], args: &DoctorArgs) -> Resu
             Ok(j) => println!("jobs:          {j}"),
             Err(e) => println!("jobs:          {e}"),
         }
-        match &cache {
-            Ok(d) => println!("cache:         {}", super::display(d)),
-            Err(e) => println!("cache:         {e:#}"),
+        match (&cache_dir, &cache) {
+            (Ok(d), Ok(_)) => println!("cache:         {}", super::display(d)),
+            (Ok(d), Err(e)) => println!("cache:         {} (UNUSABLE: {e:#})", super::display(d)),
+            (Err(e), _) => println!("cache:         {e:#}"),
         }
         match &matrix {
             Ok(m) => println!(
-                "config:        {} ({} instances, {} precompiled)",
+                "config:        {} ({}; {} instances, {} precompiled)",
                 m.config_path.display(),
+                config.origin,
                 m.instances.len(),
                 m.instances.iter().filter(|i| i.aot).count()
             ),

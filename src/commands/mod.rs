@@ -6,9 +6,10 @@ mod clean;
 mod describe;
 mod doctor;
 mod generate;
+mod jit;
 mod list_variants;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
@@ -20,7 +21,8 @@ use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
 pub fn run(cli: Cli) -> Result<()> {
-    let load = || Matrix::load(&cli.config, &cli.variants_files);
+    let config = ConfigSource::resolve(cli.config.as_deref());
+    let load = || Matrix::load(&config.path, &cli.variants_files);
     match &cli.command {
         Command::ListVariants(a) => list_variants::run(&load()?, a),
         Command::Describe(_) => describe::run(&load()?),
@@ -28,7 +30,45 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Build(a) => build::run(&load()?, a),
         Command::BuildWheel(a) => build_wheel::run(&load()?, a),
         Command::Clean(a) => clean::run(a),
-        Command::Doctor(a) => doctor::run(&cli.config, &cli.variants_files, a),
+        Command::Jit(a) => jit::run(&load()?, a),
+        Command::Doctor(a) => doctor::run(&config, &cli.variants_files, a),
+    }
+}
+
+/// Which `variants.json` a command reads, and why.
+pub(crate) struct ConfigSource {
+    pub path: PathBuf,
+    pub origin: &'static str,
+}
+
+impl ConfigSource {
+    /// `--config`, else `./variants.json`, else the matrix bundled with the installed wheel this
+    /// binary ships in (`<package>/_bin/flashgen` beside `<package>/_src/variants.json`), so the
+    /// `flashgen` command works anywhere after `pip install`.
+    pub fn resolve(cli: Option<&Path>) -> ConfigSource {
+        const LOCAL: &str = "variants.json";
+        if let Some(p) = cli {
+            return ConfigSource {
+                path: p.to_path_buf(),
+                origin: "--config",
+            };
+        }
+        if !Path::new(LOCAL).exists() {
+            let bundled = std::env::current_exe().ok().and_then(|exe| {
+                let p = exe.parent()?.parent()?.join("_src").join(LOCAL);
+                p.is_file().then_some(p)
+            });
+            if let Some(path) = bundled {
+                return ConfigSource {
+                    path,
+                    origin: "bundled with the installed wheel",
+                };
+            }
+        }
+        ConfigSource {
+            path: PathBuf::from(LOCAL),
+            origin: "./variants.json",
+        }
     }
 }
 

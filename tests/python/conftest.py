@@ -46,11 +46,11 @@ if not _installed_elsewhere() and str(PYTHON_SRC) not in sys.path:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test gets its own cache folder and no inherited flashgen settings."""
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
-    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common"):
+    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._variant"):
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
@@ -91,7 +91,7 @@ def build_env(nvcc: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     env["FLASHGEN_NVCC"] = str(nvcc)
     env.setdefault("FLASHGEN_SESSION_CACHE", str(tmp_path_factory.mktemp("build-cache")))
     env["FLASHGEN_CACHE_DIR"] = env["FLASHGEN_SESSION_CACHE"]
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"):
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC"):
         env.pop(var, None)
     return env
 
@@ -249,6 +249,16 @@ FAKE_MATRIX: dict[str, Any] = {
         ]},
     },
     "instances": [],
+    # As `flashgen describe --json` prints the binary's one table of variant parameter types.
+    "param_types": [
+        {"c": "float", "ctypes": "c_float", "dtype": "f32"},
+        {"c": "double", "ctypes": "c_double", "dtype": "f64"},
+        {"c": "bool", "ctypes": "c_bool", "dtype": "bool"},
+        {"c": "int32_t", "ctypes": "c_int32", "dtype": "i32"},
+        {"c": "int64_t", "ctypes": "c_int64", "dtype": "i64"},
+        {"c": "uint32_t", "ctypes": "c_uint32", "dtype": "u32"},
+        {"c": "uint64_t", "ctypes": "c_uint64", "dtype": "u64"},
+    ],
 }
 
 
