@@ -16,40 +16,38 @@ from ._matrix import Param
 __all__ = ["Variant", "ParamPacker", "ctype_of"]
 
 # Patterns compile on first use: import flashgen stays cheap.
-_CTYPE = r"(const\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\*)?"
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _STRUCT = r"template\s*<[^<>]*>\s*struct\s+([A-Za-z_]\w*)"
 
-_table: dict[str, tuple[Any, str]] | None = None
+_table: dict[str, tuple[Any, str | None]] | None = None
 
 
-def _type_table() -> dict[str, tuple[Any, str]]:
-    """C type -> (ctypes type, dtype of a tensor a pointer to it must be), from the one table the
-    binary owns (``param_types`` of ``flashgen describe --json``)."""
+def _type_table() -> dict[str, tuple[Any, str | None]]:
+    """Normalized C spelling -> (ctypes type, dtype of the tensor a pointer must be, or None for
+    a value), from the one table the binary owns (``param_types`` of ``flashgen describe``)."""
     global _table
     if _table is None:
         from ._install import matrix_json
 
-        _table = {row["c"]: (getattr(ctypes, row["ctypes"]), row["dtype"])
+        _table = {row["c"]: (getattr(ctypes, row["ctypes"]), row["dtype"] if row["c"].endswith("*") else None)
                   for row in matrix_json()["param_types"]}
     return _table
 
 
 def ctype_of(ctype: str) -> tuple[Any, str | None]:
-    """(ctypes type, pointee dtype or None) for a parameter's C type: one of the binary's
-    ``param_types``, or ``T*`` / ``const T*`` of one, passed as a device address (``c_void_p``)
-    that must be a tensor of T's dtype."""
+    """(ctypes type, pointee dtype or None) for a parameter's C type, one of the binary's
+    ``param_types`` (spaces and tabs are free, as the binary reads them: ``const float *``);
+    pointers are device addresses (``c_void_p``) that must be tensors of that dtype."""
     table = _type_table()
-    m = re.fullmatch(_CTYPE, ctype.strip()) if isinstance(ctype, str) else None
-    base = m.group(2) if m else None
-    if m is None or base not in table or (m.group(1) and not m.group(3)):
+    spelled = None
+    if isinstance(ctype, str) and not ctype.strip(" \t*").count("\n"):
+        words = ctype.replace("\t", " ").replace("*", " * ").split(" ")
+        spelled = " ".join(w for w in words if w).replace(" *", "*")
+    if spelled not in table:
         raise TypeError(
-            f"unsupported C type {ctype!r} for a variant parameter; types: "
-            f"{', '.join(table)}, or T* / const T* of one"
+            f"unsupported C type {ctype!r} for a variant parameter; types: {', '.join(table)}"
         )
-    if m.group(3):
-        return ctypes.c_void_p, table[base][1]
-    return table[base][0], None
+    return table[spelled]
 
 
 class Variant:
@@ -78,7 +76,7 @@ class Variant:
                 raise TypeError(
                     f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
                 ) from None
-            if not isinstance(pname, str) and re.fullmatch(_IDENT, pname):
+            if not (isinstance(pname, str) and re.fullmatch(_IDENT, pname)):
                 raise ValueError(f"Variant {name!r}: parameter name {pname!r} is not a C identifier")
             if not isinstance(ptype, str):
                 raise TypeError(f"Variant {name!r}: the C type of {pname!r} must be a string, got {ptype!r}")

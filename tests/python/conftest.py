@@ -251,13 +251,12 @@ FAKE_MATRIX: dict[str, Any] = {
     "instances": [],
     # As `flashgen describe --json` prints the binary's one table of variant parameter types.
     "param_types": [
-        {"c": "float", "ctypes": "c_float", "dtype": "f32"},
-        {"c": "double", "ctypes": "c_double", "dtype": "f64"},
-        {"c": "bool", "ctypes": "c_bool", "dtype": "bool"},
-        {"c": "int32_t", "ctypes": "c_int32", "dtype": "i32"},
-        {"c": "int64_t", "ctypes": "c_int64", "dtype": "i64"},
-        {"c": "uint32_t", "ctypes": "c_uint32", "dtype": "u32"},
-        {"c": "uint64_t", "ctypes": "c_uint64", "dtype": "u64"},
+        row
+        for c, ct, dt in [("float", "c_float", "f32"), ("double", "c_double", "f64"), ("bool", "c_bool", "bool"),
+                          ("int32_t", "c_int32", "i32"), ("int64_t", "c_int64", "i64"),
+                          ("uint32_t", "c_uint32", "u32"), ("uint64_t", "c_uint64", "u64")]
+        for row in ({"c": c, "ctypes": ct, "dtype": dt}, {"c": f"const {c}*", "ctypes": "c_void_p", "dtype": dt},
+                    {"c": f"{c}*", "ctypes": "c_void_p", "dtype": dt})
     ],
 }
 

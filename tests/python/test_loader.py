@@ -74,7 +74,7 @@ def test_no_python_copy_of_build_policy() -> None:
     pkg = Path(flashgen.__file__).parent
     assert not (pkg / "_arch.py").exists() and not (pkg / "_cache.py").exists()
     text = "\n".join(p.read_text() for p in pkg.glob("*.py"))
-    for needle in ("XDG_CACHE_HOME", "fnmatch", "jit_arch_for", ".cache/flashgen", "c_int32"):
+    for needle in ("XDG_CACHE_HOME", "fnmatch", "jit_arch_for", "expanduser", "Path.home", "PARAM_CTYPES"):
         assert needle not in text, needle
 
 
@@ -641,12 +641,23 @@ def test_cli_and_loader_agree_on_cache_and_archs(run_py: RunPy, flashgen_bin: Pa
         assert cli["cache_dir"] == str(home / "fg-cache")
 
 
-def test_param_types_come_from_the_binary(fake_matrix: Any) -> None:
-    """The one type table is the binary's (describe's param_types); Python maps names to ctypes."""
-    for row in fake_matrix["param_types"]:
-        assert _variant.ctype_of(row["c"])[0] is getattr(ctypes, row["ctypes"])
-        assert _variant.ctype_of(f"const {row['c']} *") == (ctypes.c_void_p, row["dtype"])
-    for bad in ("int8_t", "float\n; evil", "const float", "std::string", "float**", "int"):
+def test_param_types_come_from_the_binary(flashgen_bin: Path) -> None:
+    """The one type table is the binary's (describe's param_types); Python maps its rows to
+    ctypes and reads the user's spelling as the binary does."""
+    from conftest import REPO
+
+    from flashgen import _install
+
+    proc = subprocess.run([str(flashgen_bin), "--config", str(REPO / "variants.json"), "describe", "--json"],
+                          capture_output=True, text=True, check=True)
+    rows = json.loads(proc.stdout)["param_types"]
+    _install._matrix_cache = {"param_types": rows}  # the autouse fixture resets it
+    _variant._reset_for_tests()
+    for row in rows:
+        pointer = row["c"].endswith("*")
+        assert _variant.ctype_of(row["c"]) == (getattr(ctypes, row["ctypes"]), row["dtype"] if pointer else None)
+    assert _variant.ctype_of(" const  float\t* ") == (ctypes.c_void_p, "f32")
+    for bad in ("int8_t", "int", "float\n; evil", "const float", "std::string", "float**", "float const*", "void*"):
         with pytest.raises(TypeError, match="unsupported C type"):
             _variant.ctype_of(bad)
 
@@ -738,7 +749,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
 
     def load(module: str, params: dict[str, Any], variant: Any = None, device: Any = None) -> Any:
         inst = next(i for i in fake_matrix["instances"] if i["module"] == module and i["params"] == params)
-        loaded = _loader.Loaded(inst["uri"], module, params, inst["codes"], Path("/nonexistent"), "aot")
+        loaded = _loader.Loaded(inst["uri"], module, params, inst["codes"], Path("/nonexistent"), "aot", b"")
         loaded._kernels = Kernels()
         return loaded
 

@@ -1,0 +1,142 @@
+"""The cache trust model from the outside, against the installed wheel: another user's cache or a
+world-writable one is refused with a clear error, a second user cannot plant code that we load,
+and what is loaded is always the bytes flashgen built.
+
+Tests that need a second user create one (``flashgen-peer``) when they run as root and skip
+otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import RunPy
+from test_loader import DEVICE, PRELUDE, _load_snippet, _missing_instance, _objects, _result
+
+PEER = "flashgen-peer"
+
+
+def _peer_uid() -> int:
+    """The uid of a second, unprivileged user (created once; root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root")
+    import pwd
+
+    try:
+        return pwd.getpwnam(PEER).pw_uid
+    except KeyError:
+        pass
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not installed")
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", PEER], check=True,
+                   capture_output=True)
+    return pwd.getpwnam(PEER).pw_uid
+
+
+def _as_peer(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", f"--reuid={PEER}", f"--regid={PEER}", "--clear-groups", *cmd],
+                          capture_output=True, text=True)
+
+
+def test_a_world_writable_shared_cache_is_refused(run_py: RunPy, installed: Path,
+                                                  wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    shared = tmp_path / "team-cache"
+    shared.mkdir()
+    shared.chmod(0o1777)  # what a team sets up for "one cache for everybody"
+    inst = _missing_instance(installed, wheel_manifest)
+    proc = run_py(_load_snippet("single_decode", inst["params"]), check=False,
+                  FLASHGEN_CACHE_DIR=str(shared), **DEVICE)
+    assert proc.returncode != 0
+    assert str(shared) in proc.stderr and "writable by" in proc.stderr, proc.stderr
+    assert "chmod 700" in proc.stderr or "FLASHGEN_CACHE_DIR" in proc.stderr
+    assert not _objects(shared), "nothing was built into the refused folder"
+
+
+def test_another_users_cache_is_refused(run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any],
+                                        tmp_path: Path) -> None:
+    uid = _peer_uid()
+    theirs = tmp_path / "their-cache"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, uid, uid)
+    inst = _missing_instance(installed, wheel_manifest)
+    proc = run_py(_load_snippet("single_decode", inst["params"]), check=False,
+                  FLASHGEN_CACHE_DIR=str(theirs), **DEVICE)
+    assert proc.returncode != 0
+    assert str(theirs) in proc.stderr and str(uid) in proc.stderr, proc.stderr
+
+
+def test_a_second_user_cannot_get_code_loaded(run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any],
+                                              tmp_path: Path) -> None:
+    """The peer writes a .so of its choosing and a matching record into our cache (as if the folder
+    had been open to it once); we never load it: the object is not ours, so it is rebuilt."""
+    uid = _peer_uid()
+    inst = _missing_instance(installed, wheel_manifest)
+    cache = tmp_path / "cache"
+    genuine = _result(run_py(_load_snippet("single_decode", inst["params"]), **DEVICE))
+    so = Path(genuine["path"])
+    record = so.with_suffix(".json")
+    # The plant: another valid flashgen .so (the wheel's precompiled one) with a record to match.
+    evil = installed / "flashgen" / "_aot" / wheel_manifest["instances"][0]["path"]
+    shutil.copy(evil, so)
+    meta = json.loads(record.read_text())
+    st = so.stat()
+    meta.update(sha256=wheel_manifest["instances"][0]["sha256"], size=st.st_size, mtime_ns=st.st_mtime_ns)
+    record.write_text(json.dumps(meta))
+    os.chown(so, uid, uid)
+    os.chown(record, uid, uid)
+    again = _result(run_py(_load_snippet("single_decode", inst["params"]), **DEVICE))
+    assert again["sha256"] == genuine["sha256"] != wheel_manifest["instances"][0]["sha256"]
+    assert again["source"] == "jit", "the planted object was discarded and the instance rebuilt"
+    assert so.stat().st_uid == os.geteuid()
+    # And the peer, running the same loader on our cache, is refused outright.
+    peer = _as_peer(sys.executable, "-c", "import os; print(os.access(%r, os.W_OK))" % str(cache))
+    assert peer.returncode == 0 and peer.stdout.strip() == "False", "our cache is closed to the peer"
+
+
+def test_the_peer_is_refused_our_cache(installed: Path, build_env: dict[str, str], tmp_path: Path) -> None:
+    _peer_uid()
+    cache = tmp_path / "ours"
+    cache.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    env = dict(build_env, FLASHGEN_CACHE_DIR=str(cache), HOME=str(tmp_path))
+    binary = installed / "flashgen" / "_bin" / "flashgen"
+    copy = tmp_path / "flashgen-bin"
+    shutil.copy(binary, copy)
+    copy.chmod(0o755)
+    proc = subprocess.run(["setpriv", f"--reuid={PEER}", f"--regid={PEER}", "--clear-groups", str(copy),
+                           "doctor", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    doctor = json.loads(proc.stdout)
+    assert "error" in doctor["cache"] and str(cache) in doctor["cache"]["error"], doctor
+
+
+def test_loaded_bytes_are_the_checked_bytes_across_a_swap(run_py: RunPy, installed: Path,
+                                                          wheel_manifest: dict[str, Any]) -> None:
+    """The loader reads and hashes the file at load(); swapping the file before the library is
+    first used changes nothing, because the library comes from the checked bytes in memory."""
+    inst = wheel_manifest["instances"][0]
+    code = PRELUDE + (
+        "import os, shutil\n"
+        f"loaded = _loader.load({inst['module']!r}, {inst['params']!r})\n"
+        "victim = str(loaded.path) + '.swap'\n"
+        "open(victim, 'wb').write(b'not a library')\n"
+        "backup = str(loaded.path) + '.orig'\n"
+        "os.replace(loaded.path, backup); os.replace(victim, loaded.path)\n"
+        "try:\n"
+        "    print(loaded.kernels._fns['flashgen_abi_version']())\n"
+        "finally:\n"
+        "    os.replace(backup, loaded.path)\n"
+    )
+    copy = installed.parent / "site-swap"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(installed, copy)
+    proc = run_py(code, PYTHONPATH=str(copy), **DEVICE)
+    assert proc.stdout.strip().splitlines()[-1] == "2"
