@@ -147,7 +147,7 @@ impl fmt::Display for Capability {
 }
 
 /// The capabilities one compiled target runs on: `min <= cc <= max` (no `max`: any newer GPU).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunsOn {
     pub target: String,
     pub min: [u32; 2],

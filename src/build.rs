@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
-use serde_json::{json, Value as Json};
 
 use crate::arch::Arch;
 use crate::cache::{Cache, Entry, Lookup};
@@ -23,6 +22,7 @@ use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
 use crate::instance::Instance;
 use crate::matrix::{HeaderPath, Matrix};
+use crate::records::{BuiltRow, Manifest, ToolchainRow};
 use crate::stamp;
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
@@ -429,8 +429,8 @@ impl<'m> Builder<'m> {
             return None;
         }
         let text = std::fs::read_to_string(out_dir.join("manifest.json")).ok()?;
-        let manifest: Json = serde_json::from_str(&text).ok()?;
-        let rows = manifest["instances"].as_array()?;
+        let manifest: Manifest = serde_json::from_str(&text).ok()?;
+        let rows = &manifest.instances;
         if rows.len() != selected.len() {
             return None;
         }
@@ -438,15 +438,15 @@ impl<'m> Builder<'m> {
             .par_iter()
             .zip(rows)
             .map(|(inst, row)| {
-                let path = out_dir.join(row["path"].as_str()?);
+                let path = out_dir.join(&row.path);
                 let size = std::fs::metadata(&path).ok()?.len();
-                (row["uri"] == inst.uri.as_str()).then_some(())?;
+                (row.instance.uri == inst.uri).then_some(())?;
                 Some(Built {
                     inst,
-                    key: row["fingerprint"].as_str()?.to_string(),
+                    key: row.fingerprint.clone(),
                     entry: Entry {
                         uri: inst.uri.clone(),
-                        sha256: row["sha256"].as_str()?.to_string(),
+                        sha256: row.sha256.clone(),
                         size,
                         mtime_ns: 0,
                         path: path.clone(),
@@ -551,33 +551,31 @@ impl<'m> Builder<'m> {
     }
 
     /// The manifest of `built`: what `--out/manifest.json` holds and what the wheel ships.
-    pub fn manifest_json(&self, built: &[Built]) -> Json {
-        json!({
-            "flashgen_version": env!("CARGO_PKG_VERSION"),
-            "toolchain": {
-                "nvcc": self.toolchain.nvcc,
-                "nvcc_version": self.toolchain.nvcc_version,
-                "host_compiler": self.toolchain.host_compiler,
+    pub fn manifest(&self, built: &[Built]) -> Manifest {
+        Manifest {
+            flashgen_version: env!("CARGO_PKG_VERSION").into(),
+            toolchain: ToolchainRow {
+                nvcc: self.toolchain.nvcc.clone(),
+                nvcc_version: self.toolchain.nvcc_version.clone(),
+                host_compiler: self.toolchain.host_compiler.clone(),
             },
-            "archs": self.archs.iter().flat_map(Arch::targets).collect::<Vec<_>>(),
-            // Which GPUs these binaries run on, as data: the loader compares the device's
-            // compute capability with these ranges and holds no arch rule of its own.
-            "runs_on": crate::arch::runs_on_all(&self.archs),
-            "instances": built.iter().map(|b| self.instance_json(b, false)).collect::<Vec<_>>(),
-        })
+            archs: self.archs.iter().flat_map(Arch::targets).collect(),
+            runs_on: crate::arch::runs_on_all(&self.archs),
+            instances: built.iter().map(|b| self.built_row(b, false)).collect(),
+        }
     }
 
     /// One entry per built instance; rewritten only when it changes.
     fn write_manifest(&self, out_dir: &Path, built: &[Built]) -> Result<()> {
         fsutil::write_if_changed(
             &out_dir.join("manifest.json"),
-            serde_json::to_string_pretty(&self.manifest_json(built))?.as_bytes(),
+            serde_json::to_string_pretty(&self.manifest(built))?.as_bytes(),
         )?;
         Ok(())
     }
 
     /// An instance as the manifest (relative path) or the `--json` summary (absolute) shows it.
-    pub fn instance_json(&self, b: &Built, absolute: bool) -> Json {
+    pub fn built_row(&self, b: &Built, absolute: bool) -> BuiltRow {
         let path = if absolute {
             std::path::absolute(&b.path)
                 .unwrap_or_else(|_| b.path.clone())
@@ -590,11 +588,12 @@ impl<'m> Builder<'m> {
                 .to_string_lossy()
                 .into_owned()
         };
-        let mut row = self.matrix.instance_json(b.inst);
-        row.insert("fingerprint".into(), json!(b.key));
-        row.insert("path".into(), json!(path));
-        row.insert("sha256".into(), json!(b.entry.sha256));
-        Json::Object(row)
+        BuiltRow {
+            instance: self.matrix.instance_row(b.inst),
+            fingerprint: b.key.clone(),
+            path,
+            sha256: b.entry.sha256.clone(),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ pub mod fsutil;
 pub mod instance;
 pub mod matrix;
 pub mod param_types;
+pub mod records;
 pub mod stamp;
 pub mod toolchain;
 pub mod ui;

@@ -368,33 +368,26 @@ impl Matrix {
     }
 
     /// The fields every JSON view of an instance shares: `uri`, `module`, `params`, `codes`, `aot`.
-    pub fn instance_json(&self, inst: &Instance) -> serde_json::Map<String, Json> {
-        let mut m = serde_json::Map::new();
-        m.insert("uri".into(), Json::from(inst.uri.as_str()));
-        m.insert("module".into(), Json::from(self.module(inst).name.as_str()));
-        m.insert("params".into(), self.params_json(inst));
-        m.insert("codes".into(), self.codes_json(inst));
-        m.insert("aot".into(), Json::from(inst.aot));
-        m
-    }
-
-    pub fn params_json(&self, inst: &Instance) -> Json {
-        Json::Object(
-            self.params(inst)
+    pub fn instance_row(&self, inst: &Instance) -> crate::records::InstanceRow {
+        crate::records::InstanceRow {
+            uri: inst.uri.clone(),
+            module: self.module(inst).name.clone(),
+            params: self
+                .params(inst)
                 .map(|(a, v)| (a.name.clone(), v.to_json()))
                 .collect(),
-        )
+            codes: self.codes_json(inst),
+            aot: inst.aot,
+        }
     }
 
-    pub fn codes_json(&self, inst: &Instance) -> Json {
+    pub fn codes_json(&self, inst: &Instance) -> serde_json::Map<String, Json> {
         let m = self.module(inst);
-        Json::Object(
-            m.axes
-                .iter()
-                .zip(&inst.choice)
-                .map(|(a, &i)| (a.name.clone(), Json::from(a.code(i))))
-                .collect(),
-        )
+        m.axes
+            .iter()
+            .zip(&inst.choice)
+            .map(|(a, &i)| (a.name.clone(), Json::from(a.code(i))))
+            .collect()
     }
 
     /// The variants an instance uses (its variant-typed axes).

@@ -6,8 +6,6 @@
 //! must agree on every type, so the table lives here, in the binary, and `flashgen describe`
 //! exports it whole (`param_types`); the loader keeps no copy of its own.
 
-use serde_json::{json, Value};
-
 /// One base type: its C spelling, its Python `ctypes` name, and the tensor dtype a pointer to it
 /// points to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,12 +126,15 @@ pub fn spellings_hint() -> String {
 /// The table as `flashgen describe` exports it: `[{"c": "float", "ctypes": "c_float", "dtype":
 /// "f32"}, {"c": "const float*", "ctypes": "c_void_p", "dtype": "f32"}, ...]`, one entry per
 /// accepted normalized spelling. For a pointer, `dtype` is what the tensor passed must hold.
-pub fn describe_json() -> Value {
-    Value::Array(
-        all()
-            .map(|t| json!({"c": t.spelling(), "ctypes": t.ctypes(), "dtype": t.base.dtype}))
-            .collect(),
-    )
+/// The table as `describe --json` ships it to the loader (`param_types`).
+pub fn rows() -> Vec<crate::records::ParamTypeRow> {
+    all()
+        .map(|t| crate::records::ParamTypeRow {
+            c: t.spelling(),
+            ctypes: t.ctypes(),
+            dtype: t.base.dtype,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ pub(crate) fn summary_json(
         "jobs": r.jobs,
         "compile_s": r.built.iter().filter_map(|b| b.compile_time).map(|t| t.as_secs_f64()).sum::<f64>(),
         "toolchain": {"nvcc": builder.toolchain.nvcc, "nvcc_version": builder.toolchain.nvcc_version},
-        "instances": r.built.iter().map(|b| builder.instance_json(b, true)).collect::<Vec<_>>(),
+        "instances": r.built.iter().map(|b| builder.built_row(b, true)).collect::<Vec<_>>(),
     })
 }
 

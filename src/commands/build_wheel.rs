@@ -78,7 +78,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         w.add_bytes(&f.archive, f.bytes, f.executable)?;
     }
     add_aot(&mut w, &builder, &report)?;
-    let describe = super::describe::describe_json(matrix);
+    let describe = super::describe::describe(matrix);
     w.add_bytes(
         &format!("{PACKAGE}/_data/matrix.json"),
         serde_json::to_vec_pretty(&describe)?,
@@ -149,7 +149,7 @@ fn add_aot(w: &mut WheelBuilder, builder: &Builder, report: &BuildReport) -> Res
     }
     w.add_bytes(
         &format!("{PACKAGE}/_aot/manifest.json"),
-        serde_json::to_string_pretty(&builder.manifest_json(&report.built))?.into_bytes(),
+        serde_json::to_string_pretty(&builder.manifest(&report.built))?.into_bytes(),
         false,
     )
 }

@@ -8,7 +8,6 @@
 //! once). The object is never copied out of the cache, so the JIT stores each `.so` once.
 
 use anyhow::Result;
-use serde_json::{json, Value};
 
 use crate::arch::{self, Capability};
 use crate::build::Builder;
@@ -16,6 +15,7 @@ use crate::cache::Cache;
 use crate::cli::JitArgs;
 use crate::error::UsageError;
 use crate::matrix::Matrix;
+use crate::records::{JitAnswer, JitSource};
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
@@ -34,21 +34,25 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir))?;
     let builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
-    let mut answer = matrix.instance_json(inst);
-    answer.insert("arch".into(), json!(super::archs_text(&archs)));
-    answer.insert(
-        "archs".into(),
-        json!(archs
-            .iter()
-            .flat_map(arch::Arch::targets)
-            .collect::<Vec<_>>()),
-    );
-    answer.insert("cache_dir".into(), json!(builder.cache.dir));
-
+    let mut answer = JitAnswer {
+        instance: matrix.instance_row(inst),
+        source: JitSource::Missing,
+        arch: super::archs_text(&archs),
+        archs: archs.iter().flat_map(arch::Arch::targets).collect(),
+        cache_dir: builder.cache.dir.clone(),
+        fingerprint: None,
+        path: None,
+        sha256: None,
+        size: None,
+    };
     let found = if args.no_compile {
         let prepared = builder.prepare(&[*inst], None)?;
         let key = prepared[0].key.clone();
-        builder.cache.lookup(&key).hit().map(|e| (key, e, "cache"))
+        builder
+            .cache
+            .lookup(&key)
+            .hit()
+            .map(|e| (key, e, JitSource::Cache))
     } else {
         let gen = builder.cache.compile_dir(&inst.uri)?;
         let report = builder.ensure_cached(&[*inst], gen.path(), 1, false, &Ui::new(true))?;
@@ -57,22 +61,21 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
             anyhow::bail!("the JIT could not build {}", inst.uri);
         }
         report.ready.into_iter().next().map(|r| {
-            let source = if r.cached { "cache" } else { "compiled" };
+            let source = if r.cached {
+                JitSource::Cache
+            } else {
+                JitSource::Compiled
+            };
             (r.prepared.key, r.entry, source)
         })
     };
-    match found {
-        Some((key, entry, source)) => {
-            answer.insert("source".into(), json!(source));
-            answer.insert("fingerprint".into(), json!(key));
-            answer.insert("path".into(), json!(entry.path));
-            answer.insert("sha256".into(), json!(entry.sha256));
-            answer.insert("size".into(), json!(entry.size));
-        }
-        None => {
-            answer.insert("source".into(), json!("missing"));
-        }
+    if let Some((key, entry, source)) = found {
+        answer.source = source;
+        answer.fingerprint = Some(key);
+        answer.sha256 = Some(entry.sha256);
+        answer.size = Some(entry.size);
+        answer.path = Some(entry.path);
     }
-    println!("{}", serde_json::to_string_pretty(&Value::Object(answer))?);
+    println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())
 }

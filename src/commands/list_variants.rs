@@ -1,10 +1,10 @@
 //! `flashgen list-variants`: the instances as a table or JSON.
 
 use anyhow::Result;
-use serde_json::json;
 
 use crate::cli::ListArgs;
 use crate::matrix::Matrix;
+use crate::records::ListRow;
 
 pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
     let selected = args.filter.select(matrix)?;
@@ -21,10 +21,9 @@ pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
         let rows: Vec<_> = selected
             .iter()
             .zip(&cached)
-            .map(|(i, c)| {
-                let mut row = matrix.instance_json(i);
-                row.insert("built".into(), json!(c));
-                row
+            .map(|(i, c)| ListRow {
+                instance: matrix.instance_row(i),
+                built: *c,
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);

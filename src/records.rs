@@ -1,0 +1,150 @@
+//! The JSON documents that cross the boundary to the Python loader and other tools, as typed
+//! structs: the build manifest (`<out>/manifest.json`, shipped in the wheel), the matrix
+//! (`describe --json`, shipped as `_data/matrix.json`), the JIT's answer (`jit`), and the
+//! instance rows they share. Writers build these structs, never ad-hoc JSON, so a field cannot
+//! be spelled two ways; readers (the stamp fast path) deserialize the same types.
+
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+use crate::arch::RunsOn;
+use crate::config::ParamDecl;
+
+/// What every JSON view of an instance shares.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstanceRow {
+    pub uri: String,
+    pub module: String,
+    /// Axis name -> value, in axis order.
+    pub params: Map<String, Json>,
+    /// Axis name -> the runtime code the entry points receive.
+    pub codes: Map<String, Json>,
+    /// In the precompiled (AOT) subset of variants.json.
+    pub aot: bool,
+}
+
+/// One built instance in a manifest (or, with an absolute `path`, in `build --json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuiltRow {
+    #[serde(flatten)]
+    pub instance: InstanceRow,
+    /// The cache key (sha256 over everything the compile read).
+    pub fingerprint: String,
+    /// The `.so` file name beside the manifest (absolute in `build --json`).
+    pub path: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolchainRow {
+    pub nvcc: PathBuf,
+    pub nvcc_version: String,
+    pub host_compiler: String,
+}
+
+/// `<out>/manifest.json` and the wheel's `_aot/manifest.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub flashgen_version: String,
+    pub toolchain: ToolchainRow,
+    /// The targets the binaries hold (`sm_90a`, `compute_90`).
+    pub archs: Vec<String>,
+    /// Which compute capabilities those targets run on: the loader's only arch knowledge.
+    pub runs_on: Vec<RunsOn>,
+    pub instances: Vec<BuiltRow>,
+}
+
+/// A `list-variants --json` row.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListRow {
+    #[serde(flatten)]
+    pub instance: InstanceRow,
+    /// In the cache for the resolved archs (null when no toolchain could key it).
+    pub built: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantRow {
+    #[serde(rename = "struct")]
+    pub struct_name: String,
+    pub params: Vec<ParamDecl>,
+    /// Added by `--variants-file` (never precompiled).
+    pub user: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AxisRow {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: crate::config::AxisKind,
+    pub values: Vec<Json>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleRow {
+    pub source: String,
+    pub entry_points: Vec<String>,
+    pub axes: Vec<AxisRow>,
+}
+
+/// One row of the variant parameter type table (`param_types`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamTypeRow {
+    /// The normalized C spelling (`float`, `const float*`).
+    pub c: String,
+    /// The `ctypes` name of a struct member of this type.
+    pub ctypes: &'static str,
+    /// The tensor dtype a pointer must point to (for values: the value's own dtype).
+    pub dtype: &'static str,
+}
+
+/// `describe --json`: what the loader needs about the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Describe {
+    pub flashgen_version: String,
+    pub archs: Vec<String>,
+    pub variants: IndexMap<String, VariantRow>,
+    /// The one table of variant parameter types; the loader builds its ctypes structs from it.
+    pub param_types: Vec<ParamTypeRow>,
+    /// Words a C identifier may not be (keywords), for the loader's early check of a Variant.
+    pub reserved_words: Vec<&'static str>,
+    pub modules: IndexMap<String, ModuleRow>,
+    pub instances: Vec<InstanceRow>,
+}
+
+/// What `jit` found.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum JitSource {
+    /// Already in the cache (verified).
+    Cache,
+    /// Compiled by this call.
+    Compiled,
+    /// Not in the cache, and `--no-compile` forbade building it.
+    Missing,
+}
+
+/// `jit`'s answer on stdout.
+#[derive(Debug, Clone, Serialize)]
+pub struct JitAnswer {
+    #[serde(flatten)]
+    pub instance: InstanceRow,
+    pub source: JitSource,
+    /// The arch list as `--arch` spells it (`9.0a`).
+    pub arch: String,
+    /// Its targets (`sm_90a`).
+    pub archs: Vec<String>,
+    pub cache_dir: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// The cache object itself (absolute).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
