@@ -34,6 +34,17 @@ def _type_table() -> dict[str, tuple[Any, str | None]]:
     return _table
 
 
+def _check_name(what: str, name: Any) -> None:
+    """``name`` must be a C identifier that is not a C/C++ keyword (the binary's list, from
+    ``reserved_words`` of ``flashgen describe``); the binary checks the rest when it builds."""
+    from ._install import matrix_json
+
+    if not (isinstance(name, str) and re.fullmatch(_IDENT, name)):
+        raise ValueError(f"{what} {name!r} is not a C identifier (letters, digits and _)")
+    if name in matrix_json().get("reserved_words", ()):
+        raise ValueError(f"{what} {name!r} is a C/C++ keyword; pick another name")
+
+
 def ctype_of(ctype: str) -> tuple[Any, str | None]:
     """(ctypes type, pointee dtype or None) for a parameter's C type, one of the binary's
     ``param_types`` (spaces and tabs are free, as the binary reads them: ``const float *``);
@@ -76,8 +87,7 @@ class Variant:
                 raise TypeError(
                     f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
                 ) from None
-            if not (isinstance(pname, str) and re.fullmatch(_IDENT, pname)):
-                raise ValueError(f"Variant {name!r}: parameter name {pname!r} is not a C identifier")
+            _check_name(f"Variant {name!r}: parameter name", pname)
             if not isinstance(ptype, str):
                 raise TypeError(f"Variant {name!r}: the C type of {pname!r} must be a string, got {ptype!r}")
             ctype_of(ptype)  # raises on a type outside the binary's table
@@ -93,8 +103,8 @@ class Variant:
                     "pass struct='Name'"
                 )
             struct = found[0]
-        elif not isinstance(struct, str) or not re.fullmatch(_IDENT, struct):
-            raise ValueError(f"Variant {name!r}: struct {struct!r} is not a C identifier")
+        else:
+            _check_name(f"Variant {name!r}: struct", struct)
         self.name = name
         self.source = source
         self.params: tuple[Param, ...] = tuple(plist)

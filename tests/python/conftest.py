@@ -249,6 +249,7 @@ FAKE_MATRIX: dict[str, Any] = {
         ]},
     },
     "instances": [],
+    "reserved_words": ["class", "float", "int", "struct", "template"],
     # As `flashgen describe --json` prints the binary's one table of variant parameter types.
     "param_types": [
         row

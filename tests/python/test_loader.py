@@ -154,6 +154,8 @@ def test_variant_finds_its_struct(fake_matrix: Any) -> None:
     ({"name": "v", "source": "template <class P> struct A {};", "params": [("x", "int")]}, "unsupported C type"),
     ({"name": "v", "source": "template <class P> struct A {};", "params": [("x", "float\n; evil")]}, "unsupported"),
     ({"name": "v", "source": "template <class P> struct A {};", "struct": "A\n"}, "not a C identifier"),
+    ({"name": "v", "source": "template <class P> struct A {};", "params": [("float", "float")]}, "C/C\\+\\+ keyword"),
+    ({"name": "v", "source": "template <class P> struct A {};", "struct": "class"}, "keyword"),
 ])
 def test_variant_rejects(fake_matrix: Any, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):

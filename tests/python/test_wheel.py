@@ -249,6 +249,25 @@ def test_import_and_introspection_agree_with_the_cli(fresh_venv: Path, tmp_path:
     assert got["version"] in version
 
 
+def test_installed_cli_works_outside_a_source_tree(fresh_venv: Path, tmp_path: Path) -> None:
+    """With no ./variants.json the installed command reads the matrix the wheel ships, as the
+    loader does, and doctor says so."""
+    env = _venv_env(fresh_venv, tmp_path)
+    assert not (tmp_path / "variants.json").exists()
+    listed = subprocess.run(["flashgen", "list-variants", "--json"], env=env, capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    code = "import flashgen, json; print(json.dumps([r['uri'] for r in flashgen.list_variants()]))"
+    assert [r["uri"] for r in json.loads(listed.stdout)] == json.loads(_run_in_venv(fresh_venv, tmp_path, code))
+    doctor = subprocess.run(["flashgen", "doctor", "--json"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    config = json.loads(doctor.stdout)["config"]
+    assert config["origin"] == "bundled with the installed wheel" and config["instances"] > 0
+    assert config["path"].startswith(str(fresh_venv))
+    for verb in (["describe"], ["list-variants", "--module", "single_decode", "--where", "head_dim=1*"]):
+        proc = subprocess.run(["flashgen", *verb], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 0, (verb, proc.stderr)
+
+
 def test_kernel_call_without_a_gpu_is_a_clear_error(fresh_venv: Path, tmp_path: Path) -> None:
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has an NVIDIA driver")
