@@ -47,7 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "tests" / "fixtures" / "toy"
 
 FAKE_NVCC = r"""#!/bin/sh
-# A fake nvcc for benchmarks: writes its -o file, answers --version like nvcc 13.0.
+# A fake nvcc for benchmarks: copies a stub shared object (built once with cc, exporting every
+# entry point the benchmarked matrices declare, since flashgen checks them) to its -o file, and
+# answers --version like nvcc 13.0.
 if [ "$1" = "--version" ]; then
   echo "nvcc: NVIDIA (R) Cuda compiler driver"
   echo "Cuda compilation tools, release 13.0, V13.0.88"
@@ -59,7 +61,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$out" ] || { echo "fake nvcc: no -o" >&2; exit 1; }
-printf 'fake shared object\n' > "$out"
+cp "$(dirname "$0")/stub.so" "$out"
 """
 
 
@@ -101,8 +103,20 @@ class Bench:
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(src, dst)
         self.toy = self.tree / TOY.relative_to(ROOT)
+        self.build_stub()
         self.rows = []  # (metric, flashgen, peer, goal, met)
         self.details = []  # (name, value)
+
+    def build_stub(self):
+        """The fake compiler's output: a real ELF shared object that exports every entry point of
+        the default matrix, the toy fixture and the synthetic matrix."""
+        names = {"syn_entry"}
+        for cfg in (self.tree / "variants.json", self.toy / "variants.json"):
+            for m in json.loads(cfg.read_text())["modules"].values():
+                names.update(m["entry_points"])
+        src = self.fake_nvcc.parent / "stub.c"
+        src.write_text("".join(f"int {n}(void) {{ return 0; }}\n" for n in sorted(names)))
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(src.with_suffix(".so")), str(src)], check=True)
 
     # -- running -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ namespace {
 
 using namespace flashgen;
 
-using Args = FlashgenBatchDecodeArgs;
+using Args = FLASHGEN_ARGS;  // generated from variants.json modules.batch_decode.args
 
 struct Plan {
   int64_t splits, head_slices, workspace;
@@ -129,12 +129,13 @@ int run(const Args& a, const DeviceInfo& dev) {
 
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_size,
-                                                                 int64_t num_qo_heads,
-                                                                 int64_t num_kv_heads,
-                                                                 int64_t head_dim,
+extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* args,
                                                                  int64_t* bytes) {
-  if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: bytes is NULL");
+  if (args == nullptr || bytes == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode_workspace_size: args or bytes is NULL");
+  }
+  const int64_t batch_size = args->batch_size, num_qo_heads = args->num_qo_heads;
+  const int64_t num_kv_heads = args->num_kv_heads, head_dim = args->head_dim;
   if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
@@ -152,7 +153,7 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_s
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_batch_decode(const FlashgenBatchDecodeArgs* args) {
+extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
   if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: args is NULL");
   const Args& a = *args;
   if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
@@ -193,32 +194,4 @@ extern "C" FLASHGEN_API int flashgen_batch_decode(const FlashgenBatchDecodeArgs*
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_batch_decode_query(const int64_t* codes, int64_t ncodes,
-                                                        char* buf, int64_t buflen) {
-  if (codes == nullptr || ncodes != 4) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode_query: expected 4 codes (dtype, head_dim, page_size, variant), "
-                "got %lld",
-                static_cast<long long>(ncodes));
-  }
-  int status = -1;
-  DISPATCH_dtype(codes[0], DType, {
-    DISPATCH_head_dim(codes[1], kHeadDim, {
-      DISPATCH_page_size(codes[2], kPageSize, {
-        DISPATCH_variant(codes[3], Tag, {
-          char text[256];
-          std::snprintf(text, sizeof(text), "dtype=%s head_dim=%d page_size=%d variant=%s",
-                        dtype_name<DType>(), kHeadDim, kPageSize, Tag::name);
-          status = write_query(buf, buflen, text);
-        });
-      });
-    });
-  });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "batch_decode_query: no instance for codes %lld %lld %lld %lld",
-                static_cast<long long>(codes[0]), static_cast<long long>(codes[1]),
-                static_cast<long long>(codes[2]), static_cast<long long>(codes[3]));
-  }
-  return status;
-}
+FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

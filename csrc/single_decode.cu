@@ -22,7 +22,7 @@ namespace {
 
 using namespace flashgen;
 
-using Args = FlashgenSingleDecodeArgs;
+using Args = FLASHGEN_ARGS;  // generated from variants.json modules.single_decode.args
 
 struct Plan {
   int64_t splits, chunk, head_slices, workspace;
@@ -122,12 +122,13 @@ int run(const Args& a, const DeviceInfo& dev) {
 
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo_heads,
-                                                                  int64_t num_kv_heads,
-                                                                  int64_t kv_len,
-                                                                  int64_t head_dim,
+extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* args,
                                                                   int64_t* bytes) {
-  if (bytes == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: bytes is NULL");
+  if (args == nullptr || bytes == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode_workspace_size: args or bytes is NULL");
+  }
+  const int64_t num_qo_heads = args->num_qo_heads, num_kv_heads = args->num_kv_heads;
+  const int64_t kv_len = args->kv_len, head_dim = args->head_dim;
   if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
@@ -145,7 +146,7 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_single_decode(const FlashgenSingleDecodeArgs* args) {
+extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
   if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: args is NULL");
   const Args& a = *args;
   if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
@@ -178,28 +179,4 @@ extern "C" FLASHGEN_API int flashgen_single_decode(const FlashgenSingleDecodeArg
   return status;
 }
 
-extern "C" FLASHGEN_API int flashgen_single_decode_query(const int64_t* codes, int64_t ncodes,
-                                                         char* buf, int64_t buflen) {
-  if (codes == nullptr || ncodes != 3) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "single_decode_query: expected 3 codes (dtype, head_dim, variant), got %lld",
-                static_cast<long long>(ncodes));
-  }
-  int status = -1;
-  DISPATCH_dtype(codes[0], DType, {
-    DISPATCH_head_dim(codes[1], kHeadDim, {
-      DISPATCH_variant(codes[2], Tag, {
-        char text[256];
-        std::snprintf(text, sizeof(text), "dtype=%s head_dim=%d variant=%s",
-                      dtype_name<DType>(), kHeadDim, Tag::name);
-        status = write_query(buf, buflen, text);
-      });
-    });
-  });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE, "single_decode_query: no instance for codes %lld %lld %lld",
-                static_cast<long long>(codes[0]), static_cast<long long>(codes[1]),
-                static_cast<long long>(codes[2]));
-  }
-  return status;
-}
+FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

@@ -100,9 +100,34 @@ pub struct ModuleDecl {
     pub source: String,
     /// The `extern "C"` symbols the module exports.
     pub entry_points: Vec<String>,
+    /// The module's C ABI, declared once: codegen writes the arguments struct and the query
+    /// entry point from it, and the loader builds its ctypes mirror from it (via describe).
+    #[serde(default)]
+    pub args: Option<ArgsDecl>,
     pub axes: Vec<AxisDecl>,
     #[serde(default)]
     pub aot: AotDecl,
+}
+
+/// The fields of a module's arguments struct, in order: first those that change on every call
+/// (tensor addresses, stream, workspace: 8 bytes each, one contiguous block a caller rewrites),
+/// then those fixed for a shape.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgsDecl {
+    pub call: Vec<ArgDecl>,
+    pub shape: Vec<ArgDecl>,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgDecl {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub c_type: String,
+    /// One line for the generated struct's comment (shape, units, what NULL means).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]

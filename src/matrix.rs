@@ -127,6 +127,8 @@ pub struct Module {
     /// Relative to `csrc/`.
     pub source: String,
     pub entry_points: Vec<String>,
+    /// The declared C ABI (types normalized), if the module declares one.
+    pub args: Option<config::ArgsDecl>,
     pub axes: Vec<Axis>,
     aot_include: Vec<Selection>,
     aot_exclude: Vec<Selection>,
@@ -297,6 +299,10 @@ impl Matrix {
             for (i, e) in decl.entry_points.iter().enumerate() {
                 check_name(e, &loc.field(&format!("entry_points[{i}]")))?;
             }
+            let args = match &decl.args {
+                Some(a) => Some(check_args(a, &loc.field("args"))?),
+                None => None,
+            };
             let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
                 list.iter()
                     .enumerate()
@@ -307,6 +313,7 @@ impl Matrix {
                 name: name.clone(),
                 source: decl.source.clone(),
                 entry_points: decl.entry_points.clone(),
+                args,
                 aot_include: sel(&decl.aot.include, "include")?,
                 aot_exclude: sel(&decl.aot.exclude, "exclude")?,
                 axes,
@@ -431,6 +438,55 @@ impl Located {
     fn err(&self, msg: impl fmt::Display) -> UsageError {
         UsageError::new(format!("{}: {}: {msg}", self.file.display(), self.field))
     }
+}
+
+/// A module's declared arguments: C identifiers, each once; types from the one table (plus
+/// `void` pointers, for tensors of any dtype), normalized; the per-call block made of 8-byte
+/// fields only (pointers and `int64_t`), so a caller rewrites it as one run of words.
+fn check_args(decl: &config::ArgsDecl, loc: &Located) -> Result<config::ArgsDecl, UsageError> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut out = decl.clone();
+    for (part, fields) in [("call", &mut out.call), ("shape", &mut out.shape)] {
+        for (i, f) in fields.iter_mut().enumerate() {
+            let at = loc.field(&format!("{part}[{i}]"));
+            check_name(&f.name, &at.field("name"))?;
+            if seen.contains(&f.name) {
+                return Err(at
+                    .field("name")
+                    .err(format!("`{}` is declared twice", f.name)));
+            }
+            seen.push(f.name.clone());
+            let spelled = match f
+                .c_type
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .as_str()
+            {
+                "const void*" | "const void *" => "const void*".to_string(),
+                "void*" | "void *" => "void*".to_string(),
+                _ => crate::param_types::ParamType::parse(&f.c_type)
+                    .map(|t| t.spelling())
+                    .ok_or_else(|| {
+                        at.field("type")
+                            .err(format!("unsupported C type `{}`", f.c_type))
+                            .with_hint(format!(
+                                "use {}, or `const void*` / `void*`",
+                                crate::param_types::spellings_hint()
+                            ))
+                    })?,
+            };
+            let eight_bytes =
+                spelled.ends_with('*') || spelled == "int64_t" || spelled == "uint64_t";
+            if part == "call" && !eight_bytes {
+                return Err(at.field("type").err(format!(
+                    "a per-call field must be 8 bytes wide (a pointer or int64_t), not `{spelled}`"
+                )));
+            }
+            f.c_type = spelled;
+        }
+    }
+    Ok(out)
 }
 
 /// A name the generated header uses as a C identifier (module, axis, variant, entry point).

@@ -87,6 +87,10 @@ pub struct AxisRow {
 pub struct ModuleRow {
     pub source: String,
     pub entry_points: Vec<String>,
+    /// The declared C ABI (`call` and `shape` fields with normalized types), if any: the loader
+    /// builds the arguments struct's ctypes mirror from it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<crate::config::ArgsDecl>,
     pub axes: Vec<AxisRow>,
 }
 

@@ -2,8 +2,9 @@
  * @brief The stable C ABI every flashgen kernel module exports.
  *
  * Plain C so that any FFI (ctypes, cffi, Rust) can call it. Each kernel entry point takes one
- * pointer to a plain struct of its arguments (ABI version 2; version 1 passed them flat), so a
- * caller can prepare the struct once per shape. Pointers are device pointers unless noted; sizes
+ * pointer to a plain struct of its arguments, declared per module in variants.json and generated
+ * (ABI version 3; version 2 wrote the structs here by hand, version 1 passed arguments flat), so
+ * a caller can prepare the struct once per shape. Pointers are device pointers unless noted; sizes
  * and strides are in elements; `stream` is the caller's cudaStream_t. Entry points
  * return FLASHGEN_OK or a nonzero status and leave a message for flashgen_last_error(); they never
  * abort the process. `additional_params` is a host pointer, read during the call, to a struct laid
@@ -17,7 +18,7 @@
 
 #include <stdint.h>
 
-#define FLASHGEN_ABI_VERSION 2
+#define FLASHGEN_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define FLASHGEN_API __attribute__((visibility("default")))
@@ -41,90 +42,18 @@ enum FlashgenStatus {
 FLASHGEN_API const char* flashgen_last_error(void);
 FLASHGEN_API int flashgen_abi_version(void);
 
-/* ---- single_decode: q [num_qo_heads, head_dim], k/v [kv_len, num_kv_heads, head_dim] (NHD) or
- * [num_kv_heads, kv_len, head_dim] (HND), expressed through the k/v strides; o like q;
- * lse (optional, may be NULL) float32 [num_qo_heads], natural log.
+/* ---- Each module's entry points, with FLASHGEN_ARGS the module's arguments struct (generated
+ * from variants.json modules.<module>.args into the instance header: per-call fields first, one
+ * block of 8-byte words, then the per-shape fields; read during the call only):
  *
- * The arguments travel as one struct, read during the call only (the entry keeps no pointer to
- * it). The fields that change from call to call of one shape (the tensors' addresses, the
- * stream, the variant's parameters and the workspace) come first, inputs then outputs, all 8
- * bytes wide, so a caller that keeps one prepared struct per shape rewrites one contiguous block
- * per call. */
-typedef struct FlashgenSingleDecodeArgs {
-  const void* q;                 /* [num_qo_heads, head_dim] */
-  const void* k;                 /* 16-byte aligned */
-  const void* v;                 /* 16-byte aligned */
-  void* o;                       /* like q */
-  float* lse;                    /* float32 [num_qo_heads] or NULL */
-  void* stream;                  /* the caller's cudaStream_t (NULL: the legacy default stream) */
-  const void* additional_params; /* host pointer to the variant's parameters, NULL when none */
-  void* workspace;               /* device memory, 16-byte aligned, or NULL when none is needed */
-  int64_t workspace_bytes;       /* its size in bytes */
-  int64_t num_qo_heads;          /* a positive multiple of num_kv_heads, at most 2^24 */
-  int64_t num_kv_heads;          /* 1..65535 */
-  int64_t kv_len;                /* 1..2^30 */
-  int64_t head_dim;              /* one of the binary's head_dim values */
-  int64_t q_stride_h;            /* elements between query heads */
-  int64_t k_stride_n;            /* elements between tokens of k (a multiple of 8) */
-  int64_t k_stride_h;            /* elements between heads of k (a multiple of 8) */
-  int64_t v_stride_n;            /* likewise for v */
-  int64_t v_stride_h;
-  int64_t o_stride_h;            /* elements between output heads */
-  int64_t dtype_code;            /* runtime code of the dtype axis */
-  int64_t variant_code;          /* runtime code of the variant axis */
-  float sm_scale;                /* the softmax scale every variant may read as params.sm_scale */
-} FlashgenSingleDecodeArgs;
-
-FLASHGEN_API int flashgen_single_decode_workspace_size(int64_t num_qo_heads, int64_t num_kv_heads,
-                                                       int64_t kv_len, int64_t head_dim,
-                                                       int64_t* bytes);
-FLASHGEN_API int flashgen_single_decode(const FlashgenSingleDecodeArgs* args);
-FLASHGEN_API int flashgen_single_decode_query(const int64_t* codes, int64_t ncodes, char* buf,
-                                              int64_t buflen);
-
-/* ---- batch_decode over a paged KV cache: q [batch, num_qo_heads, head_dim];
- * paged_kv [num_pages, 2, page_size, num_kv_heads, head_dim] (NHD) or
- * [num_pages, 2, num_kv_heads, page_size, head_dim] (HND), expressed through the strides
- * (kv_stride_page between pages, kv_stride_kv from K to V, kv_stride_n between tokens of a page,
- * kv_stride_h between heads); int32 CSR page table on the device: kv_indptr [batch + 1],
- * kv_indices [kv_indptr[batch]], kv_last_page_len [batch] (1..page_size);
- * o like q; lse (optional) float32 [batch, num_qo_heads]. Per-call fields first, as above. */
-typedef struct FlashgenBatchDecodeArgs {
-  const void* q;                    /* [batch, num_qo_heads, head_dim] */
-  const void* paged_kv;             /* 16-byte aligned */
-  const int32_t* kv_indptr;         /* [batch + 1] */
-  const int32_t* kv_indices;        /* [kv_indptr[batch]] */
-  const int32_t* kv_last_page_len;  /* [batch] */
-  void* o;                          /* like q */
-  float* lse;                       /* float32 [batch, num_qo_heads] or NULL */
-  void* stream;                     /* the caller's cudaStream_t */
-  const void* additional_params;    /* host pointer to the variant's parameters, or NULL */
-  void* workspace;                  /* device memory, 16-byte aligned, or NULL when none is needed */
-  int64_t workspace_bytes;          /* its size in bytes */
-  int64_t batch_size;               /* 1..65535 */
-  int64_t num_qo_heads;             /* a positive multiple of num_kv_heads, at most 2^24 */
-  int64_t num_kv_heads;             /* 1..65535 */
-  int64_t head_dim;                 /* one of the binary's head_dim values */
-  int64_t page_size;                /* one of the binary's page_size values */
-  int64_t q_stride_b;               /* elements between requests of q */
-  int64_t q_stride_h;               /* elements between heads of q */
-  int64_t kv_stride_page;           /* elements between pages (a multiple of 8) */
-  int64_t kv_stride_kv;             /* elements from K to V within a page (a multiple of 8) */
-  int64_t kv_stride_n;              /* elements between tokens of a page (a multiple of 8) */
-  int64_t kv_stride_h;              /* elements between heads (a multiple of 8) */
-  int64_t o_stride_b;               /* elements between requests of o */
-  int64_t o_stride_h;               /* elements between heads of o */
-  int64_t dtype_code;               /* runtime code of the dtype axis */
-  int64_t variant_code;             /* runtime code of the variant axis */
-  float sm_scale;                   /* the softmax scale */
-} FlashgenBatchDecodeArgs;
-
-FLASHGEN_API int flashgen_batch_decode_workspace_size(int64_t batch_size, int64_t num_qo_heads,
-                                                      int64_t num_kv_heads, int64_t head_dim,
-                                                      int64_t* bytes);
-FLASHGEN_API int flashgen_batch_decode(const FlashgenBatchDecodeArgs* args);
-FLASHGEN_API int flashgen_batch_decode_query(const int64_t* codes, int64_t ncodes, char* buf,
-                                             int64_t buflen);
+ *   int flashgen_<module>(const FLASHGEN_ARGS* args);
+ *   int flashgen_<module>_workspace_size(const FLASHGEN_ARGS* args, int64_t* bytes);
+ *       the workspace the call needs on the current device; reads the shape fields only
+ *   int flashgen_<module>_query(const int64_t* codes, int64_t ncodes, char* buf, int64_t buflen);
+ *       dispatches over the runtime codes (axis order) and writes "axis=value ..." as the
+ *       instantiation it reached sees them; FLASHGEN_NO_INSTANCE when none (generated too:
+ *       FLASHGEN_DEFINE_QUERY_ENTRY_POINT()).
+ */
 
 #ifdef __cplusplus
 }

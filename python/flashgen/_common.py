@@ -219,15 +219,17 @@ def check_out(what: str, name: str, t: Tensor, shape: Sequence[int], dtype: str,
 _ws_sizes: dict[tuple[Any, ...], int] = {}
 
 
-def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, *shape: int) -> int:
-    """``flashgen_<module>_workspace_size`` (memoized per instance and shape); a nonzero status
-    raises KernelError."""
-    key = (loaded.uri, loaded.path, shape)
+def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, fields: Mapping[str, Any]) -> int:
+    """``flashgen_<module>_workspace_size`` for the arguments struct ``fields`` fill (memoized per
+    instance and fields); a nonzero status raises KernelError."""
+    key = (loaded.uri, loaded.path, tuple(sorted(fields.items())))
     hit = _ws_sizes.get(key)
     if hit is not None:
         return hit
+    from ._kernels import args_struct
+
     try:
-        n = _ws_sizes[key] = int(loaded.kernels.workspace_size(module, *shape))
+        n = _ws_sizes[key] = int(loaded.kernels.workspace_size(module, args_struct(module)(**fields)))
         return n
     except RuntimeError as exc:
         if getattr(exc, "status", None) is None:
@@ -239,8 +241,7 @@ def _reset_for_tests() -> None:
     _packers.clear()
     _instances.clear()
     _ws_sizes.clear()
-    from . import _decode
+    from . import _op
 
-    _decode._SINGLE_PLANS.clear()
-    _decode._BATCH_PLANS.clear()
+    _op._reset_for_tests()
     WORKSPACES._bufs.clear()

@@ -1,21 +1,23 @@
-"""ctypes mirror of include/flashgen/abi.h: binds one kernel module's entry points (stdlib only).
+"""ctypes binding of flashgen's C ABI (include/flashgen/abi.h): one kernel module's entry points
+(stdlib only).
 
-A ``KernelLibrary`` wraps one instance ``.so``. Each entry point the library exports is bound once
-with exact argument types. A kernel entry point (ABI version 2) takes one pointer to its
-arguments struct, mirrored here field for field (``SingleDecodeArgs``, ``BatchDecodeArgs``; the
-test suite checks sizes and offsets against abi.h compiled by the host C compiler); it is
-declared ``c_void_p`` so callers pass the struct's address as a plain int, the cheapest
-conversion ctypes has. A nonzero status raises ``FlashgenError`` carrying
-``flashgen_last_error()``.
+A module's arguments struct is declared once, in variants.json (``modules.<m>.args``): the binary
+generates the C struct from it, and ships the declaration in the matrix (``describe --json``),
+from which ``args_struct(module)`` builds the ctypes mirror here (the test suite checks it
+against the generated C header compiled by the host compiler). Every module exports the same
+three entry points, ``flashgen_<m>(const Args*)``, ``flashgen_<m>_workspace_size(const Args*,
+int64_t*)`` and ``flashgen_<m>_query``, so one binding serves all. Struct addresses travel as
+plain ints (``c_void_p``), the cheapest conversion ctypes has. A nonzero status raises
+``FlashgenError`` carrying ``flashgen_last_error()``.
 """
 
 from __future__ import annotations
 
 import ctypes
-from ctypes import c_char_p, c_float, c_int, c_int64, c_void_p
-from typing import Callable, Dict, Sequence, Tuple
+from ctypes import c_char_p, c_int, c_int64, c_void_p
+from typing import Any, Callable, Dict, Sequence, Tuple
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 OK = 0
 INVALID_ARGUMENT = 1
@@ -30,70 +32,62 @@ STATUS_NAMES = {
     CUDA_ERROR: "CUDA_ERROR",
 }
 
-_P, _I, _F = c_void_p, c_int64, c_float
 _I64P = ctypes.POINTER(c_int64)
 
-
-class SingleDecodeArgs(ctypes.Structure):
-    """``FlashgenSingleDecodeArgs`` of abi.h: the same fields, types and order."""
-
-    _fields_ = [
-        ("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P), ("stream", _P),
-        ("additional_params", _P), ("workspace", _P), ("workspace_bytes", _I),
-        ("num_qo_heads", _I), ("num_kv_heads", _I), ("kv_len", _I), ("head_dim", _I),
-        ("q_stride_h", _I), ("k_stride_n", _I), ("k_stride_h", _I), ("v_stride_n", _I),
-        ("v_stride_h", _I), ("o_stride_h", _I), ("dtype_code", _I), ("variant_code", _I),
-        ("sm_scale", _F),
-    ]
-
-
-class BatchDecodeArgs(ctypes.Structure):
-    """``FlashgenBatchDecodeArgs`` of abi.h: the same fields, types and order."""
-
-    _fields_ = [
-        ("q", _P), ("paged_kv", _P), ("kv_indptr", _P), ("kv_indices", _P),
-        ("kv_last_page_len", _P), ("o", _P), ("lse", _P), ("stream", _P),
-        ("additional_params", _P), ("workspace", _P), ("workspace_bytes", _I),
-        ("batch_size", _I), ("num_qo_heads", _I), ("num_kv_heads", _I), ("head_dim", _I),
-        ("page_size", _I), ("q_stride_b", _I), ("q_stride_h", _I), ("kv_stride_page", _I),
-        ("kv_stride_kv", _I), ("kv_stride_n", _I), ("kv_stride_h", _I), ("o_stride_b", _I),
-        ("o_stride_h", _I), ("dtype_code", _I), ("variant_code", _I), ("sm_scale", _F),
-    ]
-
-
-# The fields a call rewrites (the leading block of each struct, 8 bytes each, in order): the
-# inputs' and outputs' addresses, the stream, the additional params, the workspace and its size.
-CALL_FIELDS = {
-    "single_decode": ("q", "k", "v", "o", "lse", "stream", "additional_params", "workspace",
-                      "workspace_bytes"),
-    "batch_decode": ("q", "paged_kv", "kv_indptr", "kv_indices", "kv_last_page_len", "o", "lse",
-                     "stream", "additional_params", "workspace", "workspace_bytes"),
-}
-ARGS_STRUCTS = {"single_decode": SingleDecodeArgs, "batch_decode": BatchDecodeArgs}
-
-
-def _check_call_block(module: str) -> None:
-    st = ARGS_STRUCTS[module]
-    got = [(getattr(st, n).offset, getattr(st, n).size) for n in CALL_FIELDS[module]]
-    if got != [(8 * i, 8) for i in range(len(got))]:  # pragma: no cover - a 32-bit platform
-        raise ImportError(f"flashgen: {st.__name__}'s per-call fields are not one block of 8-byte "
-                          f"words on this platform: {got}")
-
-
-for _m in CALL_FIELDS:
-    _check_call_block(_m)
-
-# name -> (restype, argtypes), in the order of abi.h.
-SIGNATURES: Dict[str, Tuple[object, Tuple[object, ...]]] = {
+# The entry points every module exports, by suffix (restype, argtypes).
+COMMON_SIGNATURES: Dict[str, Tuple[Any, tuple]] = {
     "flashgen_last_error": (c_char_p, ()),
     "flashgen_abi_version": (c_int, ()),
-    "flashgen_single_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
-    "flashgen_single_decode": (c_int, (_P,)),  # const FlashgenSingleDecodeArgs*
-    "flashgen_single_decode_query": (c_int, (_P, _I, c_char_p, _I)),
-    "flashgen_batch_decode_workspace_size": (c_int, (_I, _I, _I, _I, _I64P)),
-    "flashgen_batch_decode": (c_int, (_P,)),  # const FlashgenBatchDecodeArgs*
-    "flashgen_batch_decode_query": (c_int, (_P, _I, c_char_p, _I)),
 }
+MODULE_SIGNATURES: Dict[str, Tuple[Any, tuple]] = {
+    "": (c_int, (c_void_p,)),  # flashgen_<m>(const Args*)
+    "_workspace_size": (c_int, (c_void_p, _I64P)),
+    "_query": (c_int, (c_void_p, c_int64, c_char_p, c_int64)),
+}
+
+_structs: Dict[str, type] = {}
+
+
+def _field_ctype(c_type: str) -> Any:
+    if c_type.endswith("*"):
+        return c_void_p
+    from ._variant import ctype_of
+
+    return ctype_of(c_type)[0]
+
+
+def args_decl(module: str) -> Dict[str, Any]:
+    """``{"call": [...], "shape": [...]}`` of ``module`` as the binary describes it."""
+    from ._install import matrix_json
+
+    decl = matrix_json()["modules"][module].get("args")
+    if decl is None:
+        raise KeyError(f"module {module!r} declares no args in variants.json")
+    return decl
+
+
+def args_struct(module: str) -> type:
+    """The ctypes mirror of ``module``'s generated arguments struct (``Flashgen<Module>Args``):
+    the declared fields, types and order, natural C alignment as the host compiler lays it out."""
+    st = _structs.get(module)
+    if st is None:
+        decl = args_decl(module)
+        fields = [(f["name"], _field_ctype(f["type"])) for f in decl["call"] + decl["shape"]]
+        name = "Flashgen" + "".join(w.capitalize() for w in module.split("_")) + "Args"
+        st = type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"{name} (generated)"})
+        calls = [f["name"] for f in decl["call"]]
+        got = [(getattr(st, n).offset, getattr(st, n).size) for n in calls]
+        if got != [(8 * i, 8) for i in range(len(got))]:  # pragma: no cover - a 32-bit platform
+            raise ImportError(f"flashgen: {name}'s per-call fields are not one block of 8-byte "
+                              f"words on this platform: {got}")
+        _structs[module] = st
+    return st
+
+
+def call_fields(module: str) -> Tuple[str, ...]:
+    """The fields a call rewrites: the leading block of 8-byte words, in order."""
+    return tuple(f["name"] for f in args_decl(module)["call"])
+
 
 class FlashgenError(RuntimeError):
     """A nonzero status from an entry point, with the module's last error message."""
@@ -119,37 +113,58 @@ def params_struct(name: str, params: Sequence[dict]) -> type:
 
 
 class KernelLibrary:
-    """One loaded instance `.so`; methods exist for the entry points it exports."""
+    """One loaded instance ``.so``: the common entry points, and each module's three (bound on
+    first use)."""
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
         self._lib = ctypes.CDLL(self.path)
         self._fns: Dict[str, Callable] = {}
-        for name, (restype, argtypes) in SIGNATURES.items():
-            try:
-                fn = getattr(self._lib, name)
-            except AttributeError:
-                continue
-            fn.restype = restype
-            fn.argtypes = argtypes
-            self._fns[name] = fn
-        if "flashgen_last_error" not in self._fns:
-            raise OSError(f"{self.path}: not a flashgen module (no flashgen_last_error)")
+        for name in COMMON_SIGNATURES:
+            if self._bind(name) is None:
+                raise OSError(f"{self.path}: not a flashgen module (no {name})")
         self._last_error = self._fns["flashgen_last_error"]
         version = self._fns["flashgen_abi_version"]()
         if version != ABI_VERSION:
             raise OSError(f"{self.path}: ABI version {version}, this package speaks {ABI_VERSION}")
-        # Kernel entry points as checked callables taking the arguments struct (or its address).
-        for name in ("flashgen_single_decode", "flashgen_batch_decode"):
-            if name in self._fns:
-                setattr(self, name[len("flashgen_"):], self._checked(self._fns[name], name))
 
-    @property
-    def entry_points(self) -> frozenset:
-        return frozenset(self._fns)
+    def _bind(self, name: str) -> Callable | None:
+        fn = self._fns.get(name)
+        if fn is not None:
+            return fn
+        if name in COMMON_SIGNATURES:
+            restype, argtypes = COMMON_SIGNATURES[name]
+        else:
+            for suffix, sig in sorted(MODULE_SIGNATURES.items(), key=lambda kv: -len(kv[0])):
+                if suffix and name.endswith(suffix):
+                    restype, argtypes = sig
+                    break
+            else:
+                restype, argtypes = MODULE_SIGNATURES[""]
+        try:
+            fn = getattr(self._lib, name)
+        except AttributeError:
+            return None
+        fn.restype = restype
+        fn.argtypes = argtypes
+        self._fns[name] = fn
+        return fn
+
+    def __getattr__(self, name: str) -> Callable:
+        """``lib.<module>(args)``: the kernel entry point as a checked callable taking the
+        arguments struct or its address."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        entry = f"flashgen_{name}"
+        fn = self._bind(entry)
+        if fn is None:
+            raise AttributeError(f"{self.path} does not export {entry}")
+        checked = self._checked(fn, entry)
+        setattr(self, name, checked)
+        return checked
 
     def has(self, name: str) -> bool:
-        return name in self._fns or f"flashgen_{name}" in self._fns
+        return self._bind(name if name.startswith("flashgen_") else f"flashgen_{name}") is not None
 
     def last_error(self) -> str:
         return self._last_error().decode("utf-8", "replace")
@@ -161,7 +176,7 @@ class KernelLibrary:
         raise_ = self._raise
         addressof = ctypes.addressof
 
-        def call(args) -> None:
+        def call(args: Any) -> None:
             status = fn(args if args.__class__ is int else addressof(args))
             if status:
                 raise_(status, entry)
@@ -172,33 +187,35 @@ class KernelLibrary:
     def entry(self, name: str) -> Callable:
         """The bare ctypes function of entry point ``name`` (``flashgen_`` optional): a kernel
         entry takes the address of its arguments struct and returns the status."""
-        return self._fn(name if name.startswith("flashgen_") else f"flashgen_{name}")
+        fn = self._bind(name if name.startswith("flashgen_") else f"flashgen_{name}")
+        if fn is None:
+            raise AttributeError(f"{self.path} does not export {name}")
+        return fn
 
-    def _fn(self, name: str) -> Callable:
-        try:
-            return self._fns[name]
-        except KeyError:
-            raise AttributeError(f"{self.path} does not export {name}") from None
-
-    def workspace_size(self, module: str, *shape: int) -> int:
-        """`flashgen_<module>_workspace_size(*shape, &bytes)` -> bytes."""
+    def workspace_size(self, module: str, args: Any) -> int:
+        """``flashgen_<module>_workspace_size(&args, &bytes)`` -> bytes (reads the shape fields)."""
         name = f"flashgen_{module}_workspace_size"
         out = c_int64(0)
-        status = self._fn(name)(*shape, ctypes.byref(out))
+        status = self.entry(name)(args if args.__class__ is int else ctypes.addressof(args),
+                                  ctypes.byref(out))
         if status:
             self._raise(status, name)
         return out.value
 
     def query(self, module: str, codes: Sequence[int]) -> str:
-        """`flashgen_<module>_query`: the instantiation `codes` reach, as `axis=value ...`."""
+        """``flashgen_<module>_query``: the instantiation ``codes`` reach, as ``axis=value ...``."""
         name = f"flashgen_{module}_query"
         arr = (c_int64 * len(codes))(*codes)
         buf = ctypes.create_string_buffer(512)
-        status = self._fn(name)(ctypes.addressof(arr), len(codes), buf, len(buf))
+        status = self.entry(name)(ctypes.addressof(arr), len(codes), buf, len(buf))
         if status:
             self._raise(status, name)
         return buf.value.decode()
 
 
-def load(path: str) -> KernelLibrary:
-    return KernelLibrary(path)
+def __getattr__(name: str) -> Any:
+    """``SingleDecodeArgs`` / ``BatchDecodeArgs``: the decode structs by their old names."""
+    legacy = {"SingleDecodeArgs": "single_decode", "BatchDecodeArgs": "batch_decode"}
+    if name in legacy:
+        return args_struct(legacy[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,6 +40,7 @@ pub fn describe(matrix: &Matrix) -> Describe {
                 let row = ModuleRow {
                     source: m.source.clone(),
                     entry_points: m.entry_points.clone(),
+                    args: m.args.clone(),
                     axes,
                 };
                 (m.name.clone(), row)

@@ -70,6 +70,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let header = codegen::dispatch_header(matrix, m, &insts, &regenerate);
             let dir = out.join(&m.name);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
+            write_args_header(&dir, m)?;
             let source = matrix.root.join("csrc").join(&m.source);
             entry(dir, source, out.join(format!("{}.so", m.name)));
         }
@@ -78,6 +79,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let header = codegen::instance_header(matrix, inst);
             let dir = out.join(&inst.uri);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
+            write_args_header(&dir, matrix.module(inst))?;
             let source = matrix.root.join("csrc").join(&matrix.module(inst).source);
             entry(dir, source, out.join(format!("{}.so", inst.uri)));
         }
@@ -96,5 +98,14 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
         out.display(),
         selected.len()
     ));
+    Ok(())
+}
+
+/// `flashgen_args.h`: the module's arguments struct alone, in plain C (the generated header holds
+/// the same text), for C tools and FFI layout checks.
+fn write_args_header(dir: &std::path::Path, m: &crate::matrix::Module) -> Result<()> {
+    if let Some(text) = codegen::args_header(m) {
+        fsutil::write_if_changed(&dir.join(codegen::ARGS_HEADER_NAME), text.as_bytes())?;
+    }
     Ok(())
 }

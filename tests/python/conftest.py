@@ -263,6 +263,10 @@ FAKE_MATRIX: dict[str, Any] = {
 
 
 def _fill_fake_instances() -> None:
+    # The modules' C ABI, as the real matrix declares it (describe ships these declarations).
+    real = json.loads((REPO / "variants.json").read_text())["modules"]
+    for mod, spec in FAKE_MATRIX["modules"].items():
+        spec["args"] = real[mod]["args"]
     for mod, spec in FAKE_MATRIX["modules"].items():
         axes = spec["axes"]
 

@@ -231,17 +231,19 @@ def run_single(lib, codes, q, k, v, layout, variant, sm_scale, params, with_lse=
         ksn, ksh, vsn, vsh = k.stride(1), k.stride(0), v.stride(1), v.stride(0)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((num_heads,), float("nan"), device=q.device) if with_lse else None
-    ws_bytes = lib.workspace_size("single_decode", num_heads, num_kv_heads, kv_len, head_dim)
-    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     st = pack_params(variant, params)
-    lib.single_decode(SingleDecodeArgs(
+    args = SingleDecodeArgs(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
         lse=lse.data_ptr() if lse is not None else None,
         stream=torch.cuda.current_stream().cuda_stream, additional_params=_ptr(st),
-        workspace=ws.data_ptr(), workspace_bytes=ws_bytes, num_qo_heads=num_heads,
+        num_qo_heads=num_heads,
         num_kv_heads=num_kv_heads, kv_len=kv_len, head_dim=head_dim, q_stride_h=q.stride(0),
         k_stride_n=ksn, k_stride_h=ksh, v_stride_n=vsn, v_stride_h=vsh, o_stride_h=o.stride(0),
-        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale))
+        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale)
+    ws_bytes = lib.workspace_size("single_decode", args)
+    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
+    args.workspace, args.workspace_bytes = ws.data_ptr(), ws_bytes
+    lib.single_decode(args)
     return o, lse
 
 
@@ -281,20 +283,22 @@ def run_batch(lib, codes, q, paged, indptr, indices, last, page_size, layout, va
         s_n, s_h = paged.stride(3), paged.stride(2)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((batch, num_heads), float("nan"), device=q.device) if with_lse else None
-    ws_bytes = lib.workspace_size("batch_decode", batch, num_heads, num_kv_heads, head_dim)
-    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     st = pack_params(variant, params)
-    lib.batch_decode(BatchDecodeArgs(
+    args = BatchDecodeArgs(
         q=q.data_ptr(), paged_kv=paged.data_ptr(), kv_indptr=indptr.data_ptr(),
         kv_indices=indices.data_ptr(), kv_last_page_len=last.data_ptr(), o=o.data_ptr(),
         lse=lse.data_ptr() if lse is not None else None,
         stream=torch.cuda.current_stream().cuda_stream, additional_params=_ptr(st),
-        workspace=ws.data_ptr(), workspace_bytes=ws_bytes, batch_size=batch,
+        batch_size=batch,
         num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         page_size=page_size, q_stride_b=q.stride(0), q_stride_h=q.stride(1),
         kv_stride_page=paged.stride(0), kv_stride_kv=paged.stride(1), kv_stride_n=s_n,
         kv_stride_h=s_h, o_stride_b=o.stride(0), o_stride_h=o.stride(1),
-        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale))
+        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale)
+    ws_bytes = lib.workspace_size("batch_decode", args)
+    ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
+    args.workspace, args.workspace_bytes = ws.data_ptr(), ws_bytes
+    lib.batch_decode(args)
     return o, lse
 
 
@@ -389,7 +393,9 @@ def test_single_decode_reuses_one_workspace(variant):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(11)
     hkv, h, d = 2, 8, 128
-    sizes = {n: lib.workspace_size("single_decode", h, hkv, n, d) for n in (32768, 1000, 129)}
+    sizes = {n: lib.workspace_size("single_decode", SingleDecodeArgs(num_qo_heads=h, num_kv_heads=hkv, kv_len=n,
+                                                                     head_dim=d))
+             for n in (32768, 1000, 129)}
     ws = torch.full((max(sizes.values()),), 255, dtype=torch.uint8, device=dev)
     for i, n in enumerate([32768, 32768, 1000, 32768, 129, 1000]):
         q = torch.randn(h, d, generator=gen, device=dev).to(torch.bfloat16)

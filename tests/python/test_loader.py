@@ -251,7 +251,9 @@ def test_valid_call_without_a_driver_is_a_clear_error(fake_matrix: Any) -> None:
     ({"k": FakeCudaTensor((100, 8, 128), "f16")}, TypeError, "k is f16 but q is bf16"),
     ({"q": FakeCudaTensor((32, 96)), "k": FakeCudaTensor((9, 8, 96)), "v": FakeCudaTensor((9, 8, 96))},
      ValueError, "head_dim=96 is not in the variant matrix; head_dim takes 64, 128"),
-    ({"k": FakeCudaTensor((100, 8, 64))}, ValueError, "k and v must have the same shape"),
+    ({"k": FakeCudaTensor((100, 8, 64))}, ValueError, "k has head_dim 64 but q has 128"),
+    ({"v": FakeCudaTensor((99, 8, 128))}, ValueError, "v has kv_len 99 but k has 100"),
+    ({"k": FakeCudaTensor((0, 8, 128)), "v": FakeCudaTensor((0, 8, 128))}, ValueError, "kv_len must be at least 1"),
     ({"q": FakeCudaTensor((30, 128))}, ValueError, r"num_qo_heads \(30\) must be a multiple of num_kv_heads \(8\)"),
     ({"q": FakeCudaTensor((32, 128), strides=(1, 32))}, ValueError, "q must be contiguous in its last"),
     ({"v": FakeCudaTensor((100, 8, 128), device=1)}, ValueError, "v is on cuda:1 but q is on cuda:0"),
@@ -276,9 +278,9 @@ def test_single_decode_validation(fake_matrix: Any, kw: dict[str, Any], exc: typ
      r"head_dim=64\|128 \(with dtype=bf16, page_size=1, variant=default\); or page_size=16"),
     ({"indptr": FakeCudaTensor((5,), "i64")}, TypeError, "kv_indptr must be an int32 tensor, got i64"),
     ({"indptr": FakeCudaTensor((4,), "i32")}, ValueError, r"kv_indptr must have batch \+ 1 = 5 entries, got 4"),
-    ({"last": FakeCudaTensor((5,), "i32")}, ValueError, "kv_last_page_len must have batch = 4 entries"),
-    ({"cache": FakeCudaTensor((10, 3, 16, 8, 128))}, ValueError, "second dimension must be 2"),
-    ({"cache": FakeCudaTensor((10, 2, 16, 8, 64))}, ValueError, "q has head_dim 128 but paged_kv_cache has 64"),
+    ({"last": FakeCudaTensor((5,), "i32")}, ValueError, "kv_last_page_len has batch 5 but q has 4"),
+    ({"cache": FakeCudaTensor((10, 3, 16, 8, 128))}, ValueError, r"paged_kv_cache's dimension 1 must be 2 \[num_pages, 2, page_size, num_kv_heads, head_dim\]"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 64))}, ValueError, "paged_kv_cache has head_dim 64 but q has 128"),
     ({"kv_layout": "HND", "cache": FakeCudaTensor((10, 2, 12, 16, 128))}, ValueError, "num_qo_heads \\(32\\) must be a multiple of num_kv_heads \\(12\\)"),
     ({"variant": "alibi", "alibi_slopes": FakeCudaTensor((32,), "f16")}, TypeError, "alibi_slopes must be a f32 tensor, got f16"),
 ])
@@ -403,7 +405,7 @@ def test_aot_hit_is_verified_and_spawns_nothing(run_py: RunPy, installed: Path, 
     assert got["source"] == "aot" and got["uri"] == inst["uri"]
     assert Path(got["path"]) == installed / "flashgen" / "_aot" / inst["path"]
     assert got["sha256"] == inst["sha256"] and got["codes"] == inst["codes"]
-    assert proc.stdout.splitlines()[1] == "2", "the .so loads (from memory) without a GPU: ABI version 2"
+    assert proc.stdout.splitlines()[1] == "3", "the .so loads (from memory) without a GPU: ABI version 3"
     assert wheel_manifest["runs_on"] == [{"target": "sm_90a", "min": [9, 0], "max": [9, 0]}]
 
 
@@ -728,14 +730,14 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
 
         path = "/nonexistent"
 
-        def workspace_size(self, module: str, *shape: int) -> int:
+        def workspace_size(self, module: str, args: Any) -> int:
             return 1 << 20
 
         def last_error(self) -> str:
             return "fake"
 
         def entry(self, module: str) -> Any:
-            args_type = _kernels.ARGS_STRUCTS[module]
+            args_type = _kernels.args_struct(module)
 
             def fn(addr: int) -> int:
                 time.sleep(0)  # let other threads run between the caller's writes and this read
@@ -778,7 +780,7 @@ def test_plans_launch_exactly_what_the_checked_path_does(fake_torch: Any) -> Non
     assert first["lse"] is None and first["o"] is not None and first["o"] != second["o"]
     assert first["workspace"] == second["workspace"] and first["workspace_bytes"] == second["workspace_bytes"] >= 1 << 20
     assert first["stream"] == second["stream"] == 0xABC
-    assert len(flashgen._decode._SINGLE_PLANS) == 1
+    assert len(flashgen._op._PLANS["single_decode"]) == 1
     # Anything the checks read changes the key: a bad call after good ones still fails its check.
     with pytest.raises(ValueError, match="must be a multiple of num_kv_heads"):
         flashgen.single_decode(T((30, 128), bf16), k, v, kv_layout="HND", variant="soft_cap", logits_soft_cap=1.0)
@@ -809,7 +811,7 @@ def test_batch_plans_keep_the_page_table_order(fake_torch: Any) -> None:
     assert [calls[1][n] for n in consts] == [
         4, 32, 8, 64, 16, 32 * 64, 64, 2 * 16 * 8 * 64, 16 * 8 * 64, 8 * 64, 64, 32 * 64, 64, 0, 0]
     assert calls[1]["sm_scale"] == pytest.approx(1 / 8) and calls[1]["params"] is None
-    assert len(flashgen._decode._BATCH_PLANS) == 1
+    assert len(flashgen._op._PLANS["batch_decode"]) == 1
 
 
 def test_threads_sharing_a_plan_never_share_its_struct(fake_torch: Any) -> None:
@@ -842,7 +844,7 @@ def test_threads_sharing_a_plan_never_share_its_struct(fake_torch: Any) -> None:
     for t in threads:
         t.join()
     assert not errors, errors
-    assert len(flashgen._decode._SINGLE_PLANS) == 1, "both threads used the one plan"
+    assert len(flashgen._op._PLANS["single_decode"]) == 1, "both threads used the one plan"
     launched = calls[1:]
     assert len(launched) == 400
     addrs: dict[int, set[int]] = {}
@@ -854,37 +856,44 @@ def test_threads_sharing_a_plan_never_share_its_struct(fake_torch: Any) -> None:
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler (cc)")
-def test_args_structs_mirror_abi_h(tmp_path: Path) -> None:
-    """The ctypes mirrors of the ABI's argument structs have abi.h's size and field offsets, as the
-    host C compiler lays them out (the .so files are built by nvcc's host compiler: same ABI)."""
-    from flashgen import _kernels
+def test_args_structs_mirror_the_generated_c(flashgen_bin: Path, tmp_path: Path) -> None:
+    """The ctypes mirror of each module's arguments struct (built from the declaration describe
+    ships) has the size, alignment and field offsets of the C struct the binary generates from the
+    same declaration, as the host C compiler lays it out (nvcc's host compiler: same ABI)."""
+    from conftest import REPO
 
-    abi = Path(__file__).resolve().parents[2] / "include" / "flashgen" / "abi.h"
-    lines = ["#include <stddef.h>", "#include <stdio.h>", f'#include "{abi}"', "int main(void) {"]
+    from flashgen import _install, _kernels
+
+    modules = [m for m, spec in _install.matrix_json()["modules"].items() if spec.get("args")]
+    assert {"single_decode", "batch_decode"} <= set(modules)
+    lines = ["#include <stddef.h>", "#include <stdio.h>"]
+    body = ["int main(void) {"]
     expected = []
-    for module, st in _kernels.ARGS_STRUCTS.items():
-        c_name = "Flashgen" + "".join(w.capitalize() for w in module.split("_")) + "Args"
-        lines.append(f'  printf("{c_name} %zu %zu\\n", sizeof({c_name}), _Alignof({c_name}));')
+    for module in modules:
+        inst = next(i for i in _install.matrix_json()["instances"] if i["module"] == module)
+        where = [a for k, v in inst["params"].items() for a in ("--where", f"{k}={v}")]
+        subprocess.run([str(flashgen_bin), "--config", str(REPO / "variants.json"), "generate", "--out",
+                        str(tmp_path / "gen"), "--module", module, *where], check=True, capture_output=True)
+        lines.append(f'#include "{tmp_path / "gen" / inst["uri"] / "flashgen_args.h"}"')
+        st = _kernels.args_struct(module)
+        c_name = st.__name__
+        body.append(f'  printf("{c_name} %zu %zu\\n", sizeof({c_name}), _Alignof({c_name}));')
         expected.append(f"{c_name} {ctypes.sizeof(st)} {ctypes.alignment(st)}")
         for name, ctype in st._fields_:
-            lines.append(f'  printf("{c_name}.{name} %zu %zu\\n", offsetof({c_name}, {name}), '
-                         f"sizeof((({c_name}*)0)->{name}));")
+            body.append(f'  printf("{c_name}.{name} %zu %zu\\n", offsetof({c_name}, {name}), '
+                        f"sizeof((({c_name}*)0)->{name}));")
             expected.append(f"{c_name}.{name} {getattr(st, name).offset} {ctypes.sizeof(ctype)}")
-    lines += ["  return 0;", "}"]
+        # Every field of the C struct is mirrored, by name, in order.
+        text = (tmp_path / "gen" / inst["uri"] / "flashgen_args.h").read_text()
+        import re
+
+        declared = re.findall(r"^\s+[\w\s]+?\**\s*\b(\w+);", text, re.M)
+        assert declared == [n for n, _ in st._fields_], module
     src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines) + "\n")
+    src.write_text("\n".join(lines + body + ["  return 0;", "}"]) + "\n")
     exe = tmp_path / "layout"
     subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
     got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")[:-1]
     assert got == expected
-    # Every field the C structs declare is mirrored, by name (the C compiler rejects a mirror
-    # field abi.h lacks; this catches a C field the mirror lacks).
-    text = abi.read_text()
-    for module, st in _kernels.ARGS_STRUCTS.items():
-        c_name = "Flashgen" + "".join(w.capitalize() for w in module.split("_")) + "Args"
-        body = text[text.index(f"typedef struct {c_name} {{"):text.index(f"}} {c_name};")]
-        import re
-
-        declared = re.findall(r"^\s+[\w\s]+?\**\s*\b(\w+);", body, re.M)
-        assert declared == [n for n, _ in st._fields_], module
-    assert f"#define FLASHGEN_ABI_VERSION {_kernels.ABI_VERSION}" in text
+    abi = (REPO / "include" / "flashgen" / "abi.h").read_text()
+    assert f"#define FLASHGEN_ABI_VERSION {_kernels.ABI_VERSION}" in abi

@@ -139,4 +139,4 @@ def test_loaded_bytes_are_the_checked_bytes_across_a_swap(run_py: RunPy, install
         shutil.rmtree(copy)
     shutil.copytree(installed, copy)
     proc = run_py(code, PYTHONPATH=str(copy), **DEVICE)
-    assert proc.stdout.strip().splitlines()[-1] == "2"
+    assert proc.stdout.strip().splitlines()[-1] == "3"

@@ -285,4 +285,4 @@ def test_kernel_call_without_a_gpu_is_a_clear_error(fresh_venv: Path, tmp_path: 
     )
     out = _run_in_venv(fresh_venv, tmp_path, code)
     assert "NoGPUError: no CUDA driver: libcuda.so.1 could not be loaded" in out
-    assert "ValueError: single_decode: q has head_dim 128 but k/v have 96" in out
+    assert "ValueError: single_decode: k has head_dim 96 but q has 128" in out
