@@ -154,11 +154,16 @@ inline bool vec_ok(const void* p, int64_t a, int64_t b) {
   return aligned16(p) && vec_stride(a) && vec_stride(b);
 }
 
-template <typename Kernel>
+/** One flag word per kernel instantiation (KernelTag makes the static distinct per kernel). */
+template <typename KernelTag, typename Kernel>
 inline int smem_optin(Kernel kernel, const DeviceInfo& dev, int bytes) {
   static std::atomic<uint64_t> done{0};
   return allow_smem(kernel, dev, bytes, done);
 }
+
+template <typename Traits, int MASK, int POS, int PAGE_SIZE, typename Variant, typename Params,
+          typename Sched>
+struct MainKernelTag {};
 
 inline int rope_blocks(int64_t items, const DeviceInfo& dev) {
   const int64_t want = ceil_div64(items, kRopeThreads);
@@ -192,7 +197,7 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
     if (p.kv_len > 0) {
       rope_k = reinterpret_cast<DType*>(base + plan.ws.rope_off);
       const int64_t items = int64_t(p.kv_len) * p.num_kv_heads * (HEAD_DIM / 16);
-      auto k = rope_k_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>;
+      auto k = rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>;
       if (int st = launch("single_prefill rope_k kernel", k, dim3(rope_blocks(items, dev)),
                           kRopeThreads, 0, stream, false, p, rope_k, int64_t(p.kv_len))) {
         return st;
@@ -207,7 +212,8 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   }
   const SingleSched sched{uint32_t(plan.num_tiles), uint32_t(plan.splits)};
   auto kernel = prefill_kernel<Traits, MASK, POS, 1, Variant, Params, SingleSched>;
-  if (int st = smem_optin(kernel, dev, Traits::kSmemBytes)) return st;
+  using Tag = MainKernelTag<Traits, MASK, POS, 1, Variant, Params, SingleSched>;
+  if (int st = smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
   const int64_t blocks = plan.num_tiles * plan.splits * p.num_kv_heads;
   if (int st = launch("single_prefill kernel", kernel, dim3(uint32_t(blocks)), Traits::kThreads,
                       Traits::kSmemBytes, stream, pdl && !first, p, sched,
@@ -222,11 +228,17 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   return FLASHGEN_OK;
 }
 
+template <typename Params>
+struct RopeFn {
+  using type = void (*)(Params, typename Params::DTypeKV*, int64_t);
+};
+
 /** Shared by the ragged and paged launches once the kind-specific kernels are chosen. */
-template <typename Traits, typename Params, typename Main, typename Merge, typename Rope>
+template <typename Traits, typename Tag, typename Params, typename Main, typename Merge>
 int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout& L, void* ws,
                         const DeviceInfo& dev, cudaStream_t stream, Main main, Merge merge,
-                        Rope rope_kernel, int64_t rope_rows) {
+                        typename RopeFn<Params>::type rope_kernel,
+                        int64_t rope_rows) {
   using DType = typename Params::DTypeKV;
   uint8_t* base = static_cast<uint8_t*>(ws);
   const bool pdl = dev.major >= 9;
@@ -250,7 +262,7 @@ int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout
   const Partials part{reinterpret_cast<float*>(base + L.part_o_off),
                       reinterpret_cast<float*>(base + L.part_lse_off)};
   const BatchSched sched{table};
-  if (int st = smem_optin(main, dev, Traits::kSmemBytes)) return st;
+  if (int st = smem_optin<Tag>(main, dev, Traits::kSmemBytes)) return st;
   const int64_t blocks = L.grid_units * p.num_kv_heads;
   if (int st = launch("batch_prefill kernel", main, dim3(uint32_t(blocks)), Traits::kThreads,
                       Traits::kSmemBytes, stream, pdl, p, sched, static_cast<const DType*>(rope_k),
@@ -280,14 +292,13 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
                                                       p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
   auto main = prefill_kernel<Traits, MASK, POS, 1, Variant, Params, BatchSched>;
+  using Tag = MainKernelTag<Traits, MASK, POS, 1, Variant, Params, BatchSched>;
   auto merge = prefill_merge_kernel<Traits, Variant, Params, BatchSched>;
   if constexpr (POS == kPosRopeLlama) {
-    auto rk = rope_k_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>;
-    return launch_batch_common<Traits>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
+    auto rk = rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>;
+    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
   } else {
-    decltype(&rope_k_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>)
-        none = nullptr;
-    return launch_batch_common<Traits>(what, p, L, ws, dev, stream, main, merge, none, 0);
+    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
   }
 }
 
@@ -318,15 +329,14 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
                                                       p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
   auto main = prefill_kernel<Traits, MASK, POS, PAGE_SIZE, Variant, Params, BatchSched>;
+  using Tag = MainKernelTag<Traits, MASK, POS, PAGE_SIZE, Variant, Params, BatchSched>;
   auto merge = prefill_merge_kernel<Traits, Variant, Params, BatchSched>;
   if constexpr (POS == kPosRopeLlama) {
-    auto rk = rope_k_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
-                            typename Params::DTypeO>;
-    return launch_batch_common<Traits>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
+    auto rk = rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
+                                  typename Params::DTypeO>;
+    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
   } else {
-    decltype(&rope_k_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
-                            typename Params::DTypeO>) none = nullptr;
-    return launch_batch_common<Traits>(what, p, L, ws, dev, stream, main, merge, none, 0);
+    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
   }
 }
 

@@ -47,7 +47,8 @@ __device__ __forceinline__ void rope_row(const T* src, T* dst, float pos, const 
 /** Work item: (row, kv head, half chunk c < D/16), grid-stride over rows * heads * D/16. */
 template <int D, typename Q, typename K, typename O>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_k_kernel(const __grid_constant__ SinglePrefillParams<Q, K, O> p, K* out, int64_t rows) {
+    rope_k_single_kernel(const __grid_constant__ SinglePrefillParams<Q, K, O> p, K* out,
+                         int64_t rows) {
   ptx::wait_prerequisite_grid();
   ptx::launch_dependents();
   const rope::LlamaRope rp = rope::LlamaRope::make(p.rope_theta, p.rope_scale);
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 
 template <int D, typename Q, typename K, typename O>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_k_kernel(const __grid_constant__ BatchPrefillRaggedParams<Q, K, O> p, K* out,
+    rope_k_ragged_kernel(const __grid_constant__ BatchPrefillRaggedParams<Q, K, O> p, K* out,
                   int64_t rows) {
   ptx::wait_prerequisite_grid();
   ptx::launch_dependents();
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 
 template <int D, int PAGE_SIZE, typename Q, typename K, typename O>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_k_kernel(const __grid_constant__ BatchPrefillPagedParams<Q, K, O> p, K* out,
+    rope_k_paged_kernel(const __grid_constant__ BatchPrefillPagedParams<Q, K, O> p, K* out,
                   int64_t rows) {
   ptx::wait_prerequisite_grid();
   ptx::launch_dependents();

@@ -27,9 +27,24 @@ struct PrefillConfig<64> {
   static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = 128, kStages = 2, kMinCtas = 2;
 };
 // head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
+// (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES}.)
+#ifndef FLASHGEN_PREFILL_D128_WARPS
+#define FLASHGEN_PREFILL_D128_WARPS 4
+#endif
+#ifndef FLASHGEN_PREFILL_D128_MMA_Q
+#define FLASHGEN_PREFILL_D128_MMA_Q 2
+#endif
+#ifndef FLASHGEN_PREFILL_D128_TILE_KV
+#define FLASHGEN_PREFILL_D128_TILE_KV 64
+#endif
+#ifndef FLASHGEN_PREFILL_D128_STAGES
+#define FLASHGEN_PREFILL_D128_STAGES 2
+#endif
 template <>
 struct PrefillConfig<128> {
-  static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = 64, kStages = 2, kMinCtas = 2;
+  static constexpr int kWarps = FLASHGEN_PREFILL_D128_WARPS, kMmaQ = FLASHGEN_PREFILL_D128_MMA_Q,
+                       kTileKV = FLASHGEN_PREFILL_D128_TILE_KV,
+                       kStages = FLASHGEN_PREFILL_D128_STAGES, kMinCtas = 2;
 };
 // head_dim 256: 8 warps x 16 rows, 64-row kv tiles (S 32 + O 128 floats), single K/V buffers:
 // 128 KB (fits sm_80's 163 KB).
