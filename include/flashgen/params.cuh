@@ -73,4 +73,102 @@ struct BatchDecodeParams : AdditionalParams {
   }
 };
 
+/**
+ * Prefill params. Positions for RoPE: query i of a request sits at kv_len - qo_len + i (plus the
+ * request's q_rope_offset), key j at j (plus kv_rope_offset); the offset arrays may be null (0).
+ * Strides in elements; the head dimension is contiguous. o has q's shape, lse (optional) is
+ * float32 [q tokens, num_qo_heads], natural log.
+ */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct SinglePrefillParams : AdditionalParams {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using IdType = int32_t;
+
+  const DTypeQ* q;   // [qo_len, num_qo_heads, head_dim] through q_stride_n / q_stride_h
+  const DTypeKV* k;  // [kv_len, num_kv_heads, head_dim] (NHD) or HND, through strides
+  const DTypeKV* v;
+  DTypeO* o;         // like q, through o strides
+  float* lse;        // may be null; [qo_len, num_qo_heads]
+  int64_t q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h;
+  int64_t o_stride_n, o_stride_h;
+  uint32_t qo_len, kv_len, num_qo_heads, num_kv_heads;
+  float sm_scale;
+  float rope_scale, rope_theta;  // rope_llama only (defaults 1 and 1e4)
+
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t) const { return qo_len; }
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t) const { return kv_len; }
+};
+
+/** Batch over ragged (token-packed) q, k and v with int32 CSR indptrs on the device. */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct BatchPrefillRaggedParams : AdditionalParams {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using IdType = int32_t;
+
+  const DTypeQ* q;   // [total_q, num_qo_heads, head_dim]
+  const DTypeKV* k;  // [total_kv, num_kv_heads, head_dim]
+  const DTypeKV* v;
+  DTypeO* o;         // like q
+  float* lse;        // may be null; [total_q, num_qo_heads]
+  const IdType* qo_indptr;       // [batch_size + 1]
+  const IdType* kv_indptr;       // [batch_size + 1]
+  const IdType* q_rope_offset;   // [batch_size] or null
+  const IdType* kv_rope_offset;  // [batch_size] or null
+  int64_t q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h;
+  int64_t o_stride_n, o_stride_h;
+  uint32_t batch_size, num_qo_heads, num_kv_heads;
+  float sm_scale;
+  float rope_scale, rope_theta;
+
+  /** Read the indptrs: call on the device only. */
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t b) const {
+    const int32_t n = qo_indptr[b + 1] - qo_indptr[b];
+    return n > 0 ? uint32_t(n) : 0u;
+  }
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
+    const int32_t n = kv_indptr[b + 1] - kv_indptr[b];
+    return n > 0 ? uint32_t(n) : 0u;
+  }
+};
+
+/** Batch with token-packed q and K/V in the paged cache of BatchDecodeParams. */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct BatchPrefillPagedParams : AdditionalParams {
+  using DTypeQ = DTypeQ_;
+  using DTypeKV = DTypeKV_;
+  using DTypeO = DTypeO_;
+  using IdType = int32_t;
+
+  const DTypeQ* q;          // [total_q, num_qo_heads, head_dim]
+  const DTypeKV* paged_kv;  // pages: k of token t of page p at p*kv_stride_page + t*kv_stride_n
+  DTypeO* o;                // like q
+  float* lse;               // may be null
+  const IdType* qo_indptr;         // [batch_size + 1]
+  const IdType* kv_indptr;         // [batch_size + 1], in pages
+  const IdType* kv_indices;        // page ids
+  const IdType* kv_last_page_len;  // [batch_size], 1..page_size for a request with pages
+  const IdType* q_rope_offset;     // [batch_size] or null
+  const IdType* kv_rope_offset;    // [batch_size] or null
+  int64_t q_stride_n, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
+  int64_t o_stride_n, o_stride_h;
+  uint32_t batch_size, num_qo_heads, num_kv_heads, page_size;
+  float sm_scale;
+  float rope_scale, rope_theta;
+
+  __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t b) const {
+    const int32_t n = qo_indptr[b + 1] - qo_indptr[b];
+    return n > 0 ? uint32_t(n) : 0u;
+  }
+  /** Reads the page table: call on the device only. */
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
+    const int32_t num_pages = kv_indptr[b + 1] - kv_indptr[b];
+    return num_pages <= 0 ? 0u
+                          : uint32_t(num_pages - 1) * page_size + uint32_t(kv_last_page_len[b]);
+  }
+};
+
 }  // namespace flashgen

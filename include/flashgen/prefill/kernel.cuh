@@ -1,0 +1,528 @@
+/**
+ * @brief The prefill attention kernel (FA2-style, mma.sync m16n8k16, sm_80+).
+ *
+ * Per CTA: kTileQ packed query rows of one kv head (traits.cuh) against a range of kv tiles.
+ *  - Q: each warp loads its own rows once (16-byte loads), applies RoPE and the variant's
+ *    QueryTransform in fp32, stores them swizzled (smem.cuh) in the input dtype.
+ *  - K/V: cp.async tiles of kTileKV rows; the copy of tile t+1 is issued while tile t is computed.
+ *  - S = Q K^T on fp32 accumulators (Q and K fragments by ldmatrix), the variant's
+ *    LogitsTransform, masks only on tiles that need them (mask.cuh), an online base-2 softmax,
+ *    P repacked in registers as the A operand of O += P V (V fragments by ldmatrix.trans).
+ *  - Epilogue: O / l, OutputTransform, staged through the warp's own Q rows in shared memory and
+ *    written with 16-byte stores; LSE in natural log. Split units write fp32 partials instead.
+ */
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flashgen/math.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/ptx_sm80.cuh"
+#include "flashgen/variant_hooks.cuh"
+#include "flashgen/prefill/kv_source.cuh"
+#include "flashgen/prefill/mask.cuh"
+#include "flashgen/prefill/rope.cuh"
+#include "flashgen/prefill/scheduler.cuh"
+#include "flashgen/prefill/smem.cuh"
+#include "flashgen/prefill/traits.cuh"
+
+namespace flashgen {
+namespace prefill {
+
+__device__ __forceinline__ float to_f(half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ half from_f<half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/** 8 packed 16-bit values <-> floats. */
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = to_f(e[i]);
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
+  uint4 v;
+  v.x = ptx::pack2<T>(x[0], x[1]);
+  v.y = ptx::pack2<T>(x[2], x[3]);
+  v.z = ptx::pack2<T>(x[4], x[5]);
+  v.w = ptx::pack2<T>(x[6], x[7]);
+  return v;
+}
+
+/** Split-KV partials of the whole launch: slot-major [slot][kv_head][kTileQ][head_dim] + LSE. */
+struct Partials {
+  float* o;    // null: no split unit writes partials in this launch
+  float* lse;  // base-2 LSE (softmax) or the plain sum of weights
+};
+
+template <typename Variant, typename Params>
+constexpr bool has_variant_mask() {
+  return hooks::has_logits_mask<Variant, Params>::value;
+}
+
+/**
+ * The kernel. Params is one of the three prefill params structs; Sched maps block -> unit;
+ * rope_k is the rotated-K workspace (POS == kPosRopeLlama), part the split partials.
+ */
+template <typename Traits, int MASK, int POS, int PAGE_SIZE, typename Variant, typename Params,
+          typename Sched>
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
+    prefill_kernel(const __grid_constant__ Params params, const Sched sched,
+                   const typename Params::DTypeKV* __restrict__ rope_k, const Partials part) {
+  using DTypeQ = typename Params::DTypeQ;
+  using DTypeKV = typename Params::DTypeKV;
+  using DTypeO = typename Params::DTypeO;
+  static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kChunks = Traits::kChunks;
+  constexpr int kMmaQ = Traits::kMmaQ;
+  constexpr int kNT = Traits::kNT;
+  constexpr int kDT = Traits::kDT;
+  constexpr int kTileKV = Traits::kTileKV;
+  constexpr bool kSoftmax = Variant::use_softmax;
+  constexpr bool kRope = POS == kPosRopeLlama;
+  constexpr bool kVarMask = has_variant_mask<Variant, Params>();
+  constexpr bool kVarLogits = hooks::has_logits_transform<Variant, Params>::value;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  ptx::wait_prerequisite_grid();  // prep / rope pre-pass (PDL on sm_90; no-op otherwise)
+  ptx::launch_dependents();
+
+  const uint32_t num_kv_heads = params.num_kv_heads;
+  const uint32_t kv_head = blockIdx.x % num_kv_heads;
+  const uint32_t unit = blockIdx.x / num_kv_heads;
+  WorkUnit w;
+  if (!sched.get(unit, w)) return;
+  const RequestInfo rq = request_info(params, w.batch);
+  const uint32_t G = params.num_qo_heads / num_kv_heads;
+  const int32_t qo_len = int32_t(rq.qo_len), kv_len = int32_t(rq.kv_len);
+
+  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t group = lane >> 2, pair = lane & 3;
+  const uint32_t mi = lane >> 3, r7 = lane & 7;
+
+  uint8_t* variant_smem = smem;
+  uint8_t* q_smem = smem + Traits::kVariantSmemBytes;
+  uint8_t* kv_smem = q_smem + Traits::kQSmemBytes;
+  const uint32_t q_addr = ptx::smem_addr(q_smem);
+  const uint32_t k_addr = ptx::smem_addr(kv_smem);
+  const uint32_t v_addr = k_addr + Traits::kStages * Traits::kKVTileBytes;
+
+  Variant variant(params, w.batch, variant_smem);
+
+  // Packed rows of this CTA: p in [p0, p0 + kTileQ); token p / G, head kv_head * G + p % G.
+  // (qo_len * G < 2^32: 32-bit packed indices and divisions.)
+  const uint32_t p0 = w.tile * uint32_t(Traits::kTileQ);
+  const int32_t first_token = int32_t(p0 / G);
+  const int32_t last_token =
+      int32_t(min(uint32_t(qo_len) * G - 1u, p0 + uint32_t(Traits::kTileQ) - 1u) / G);
+  const uint32_t warp_row0 = warp * Traits::kWarpRows;
+
+  // ---- kv tile range of this unit
+  const KVTileRange range = kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
+  int32_t kt_begin = 0, kt_end = range.num_tiles;
+  if (w.splits > 1) {
+    const int32_t per = (range.num_tiles + int32_t(w.splits) - 1) / int32_t(w.splits);
+    kt_begin = min(range.num_tiles, int32_t(w.chunk) * per);
+    kt_end = min(range.num_tiles, kt_begin + per);
+  }
+  const bool write_partial = w.splits > 1;
+
+  const auto kv = make_kv<kD, PAGE_SIZE, kRope>(params, rq, kv_head, rope_k);
+
+  // ---- K/V copies: thread copies chunk tid % kChunks of rows tid / kChunks + i * kCopyRows
+  const uint32_t copy_chunk = tid % kChunks;
+  const uint32_t copy_row0 = tid / kChunks;
+  int32_t pages[Traits::kCopiesPerThread];
+  auto load_pages = [&](int32_t kt) {
+    if constexpr (decltype(kv)::kPaged) {
+#pragma unroll
+      for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+        const int32_t pos = kt * kTileKV + int32_t(copy_row0 + i * Traits::kCopyRows);
+        pages[i] = (kt < kt_end && pos < kv_len) ? kv.page(uint32_t(pos)) : 0;
+      }
+    }
+  };
+  // Row i of a thread's copies is copy_row0 + i * kCopyRows (kCopyRows is a multiple of 8, so
+  // every row has the XOR key copy_row0 & 7): destinations are constant offsets, and dense
+  // sources advance by one 64-bit step (no per-row pointers held across the loop).
+  const uint32_t copy_dst = swz<kChunks>(copy_row0, copy_chunk);
+  auto issue = [&](int32_t kt, bool is_v) {
+    if (kt < kt_end) {
+      const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
+      const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kKVTileBytes + copy_dst;
+      const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
+      if constexpr (decltype(kv)::kPaged) {
+#pragma unroll
+        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+          const int32_t pos = pos0 + i * Traits::kCopyRows;
+          const bool valid = pos < kv_len;
+          const uint32_t upos = valid ? uint32_t(pos) : 0u;
+          const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
+          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                           valid ? 16u : 0u);
+        }
+      } else {
+        const int64_t stride = is_v ? kv.v_stride_n : kv.k_stride_n;
+        const DTypeKV* base = (is_v ? kv.v : kv.k) + copy_chunk * 8;
+        const DTypeKV* src = base + int64_t(pos0) * stride;
+        const int64_t step = int64_t(Traits::kCopyRows) * stride;
+#pragma unroll
+        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+          const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
+          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
+                           valid ? 16u : 0u);
+          src += step;
+        }
+      }
+    }
+    ptx::cp_async_commit();
+  };
+
+  // Issue the first K/V copies before the Q load so the two latencies overlap.
+  load_pages(kt_begin);
+  issue(kt_begin, false);
+  issue(kt_begin, true);
+  load_pages(kt_begin + 1);
+
+  // ---- Q: the warp's own rows, RoPE + QueryTransform in fp32, stored in the input dtype.
+  {
+    constexpr int kHalf = kChunks / 2;
+    constexpr int kUnits = Traits::kWarpRows * kHalf;
+    rope::LlamaRope rp;
+    if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
+#pragma unroll 2
+    for (int it = 0; it < kUnits / 32; ++it) {
+      const uint32_t idx = it * 32 + lane;
+      const uint32_t r = warp_row0 + idx / kHalf;
+      const uint32_t c = idx % kHalf;
+      const uint32_t p = p0 + r;
+      const int32_t token = int32_t(p / G);
+      const uint32_t head = kv_head * G + p % G;
+      float lo[8], hi[8];
+      if (token < qo_len) {
+        const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
+                            int64_t(head) * params.q_stride_h + c * 8;
+        unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src), lo);
+        unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
+        if constexpr (kRope) {
+          const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) rope::rotate_pair(lo[j], hi[j], pos, rp.freq(c * 8 + j, kD));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = hooks::query_transform(variant, params, lo[j]);
+          hi[j] = hooks::query_transform(variant, params, hi[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
+      }
+      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c)) = pack8<DTypeQ>(lo);
+      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c + kHalf)) = pack8<DTypeQ>(hi);
+    }
+    __syncwarp();
+  }
+
+  // Packed row of this thread's fragment row (mq, h): p0 + warp_row0 + mq*16 + group + 8h.
+  // Tokens and heads are recomputed where needed (masked tiles, hooks, epilogue) rather than
+  // held in registers across the loop.
+  const uint32_t p_lane = p0 + warp_row0 + group;
+
+  float o[kMmaQ][kDT][4];
+  float m[kMmaQ][2], l[kMmaQ][2];
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mq][dt][e] = 0.f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m[mq][h] = -math::inf;
+      l[mq][h] = 0.f;
+    }
+  }
+
+  // ldmatrix lane addresses. Logical chunk 2s + c0 of a lane's row r sits at physical chunk
+  // 8 (s / 4) + ((2 (s % 4)) ^ (c0 ^ (r & 7))): one per-lane offset `rel` (row bytes + the
+  // lane's XOR part), then `(rel ^ imm) + imm` per fragment. No per-k-step offsets are held in
+  // registers (they were: 8 per operand, which made the loop spill).
+  constexpr uint32_t kRowBytes = kChunks * 16;
+  const uint32_t q_rel = (warp_row0 + (mi & 1) * 8 + r7) * kRowBytes + (((mi >> 1) ^ r7) << 4);
+  const uint32_t k_rel = ((mi >> 1) * 8 + r7) * kRowBytes + (((mi & 1) ^ r7) << 4);
+  const uint32_t v_rel = ((mi & 1) * 8 + r7) * kRowBytes + (((mi >> 1) ^ r7) << 4);
+  auto frag = [](uint32_t base, uint32_t rel, int s) -> uint32_t {
+    return base + (rel ^ uint32_t((2 * (s % 4)) << 4)) + uint32_t((s / 4) * 128);
+  };
+
+  auto step = [&](int32_t kt, auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
+    // K_kt has landed (V_kt may still be in flight); with 2 stages this barrier also frees the
+    // buffers of tile kt-1 for tile kt+1.
+    ptx::cp_async_wait<1>();
+    __syncthreads();
+    if constexpr (Traits::kStages == 2) issue(kt + 1, false);
+
+    float s[kMmaQ][kNT][4];
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.f;
+      }
+    }
+    const uint32_t kb = k_addr + stage * Traits::kKVTileBytes;
+#pragma unroll
+    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
+      uint32_t qa[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        ptx::ldmatrix_x4(qa[mq], frag(q_addr + mq * 16 * kRowBytes, q_rel, ks));
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, frag(kb + np * 16 * kRowBytes, k_rel, ks));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          ptx::mma_16816<DTypeKV>(s[mq][2 * np], qa[mq], b[0], b[1]);
+          ptx::mma_16816<DTypeKV>(s[mq][2 * np + 1], qa[mq], b[2], b[3]);
+        }
+      }
+    }
+    if constexpr (Traits::kStages == 1) {
+      __syncthreads();  // every warp is done with the K buffer
+      issue(kt + 1, false);
+    }
+
+    // ---- logits transform and masks
+    if constexpr (kVarLogits || kMask) {
+      const int32_t kv0 = kt * kTileKV + int32_t(2 * pair);
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t p = p_lane + mq * 16 + 8 * h;
+          const int32_t token = int32_t(p / G);
+          const uint32_t qo_head = kv_head * G + p % G;
+          const int32_t diag = kv_len - qo_len + token;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const int32_t kv_idx = kv0 + nt * 8 + e1;
+              float x = s[mq][nt][2 * h + e1];
+              bool keep = true;
+              if constexpr (kMask) {
+                keep = mask_keep<MASK>(kv_idx, kv_len, diag);
+                if constexpr (kVarMask) {
+                  keep = keep && hooks::logits_mask(variant, params, w.batch, uint32_t(token),
+                                                    uint32_t(kv_idx), qo_head, kv_head);
+                }
+              }
+              if constexpr (kVarLogits) {
+                if (keep) {
+                  x = hooks::logits_transform(variant, params, x, w.batch, uint32_t(token),
+                                              uint32_t(kv_idx), qo_head, kv_head);
+                }
+              }
+              if constexpr (kMask) {
+                x = keep ? x : (kSoftmax ? -math::inf : 0.f);
+              }
+              s[mq][nt][2 * h + e1] = x;
+            }
+          }
+        }
+      }
+    }
+
+    // ---- online softmax (base 2)
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kSoftmax) {
+          float mx = m[mq][h];
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_ref = mx == -math::inf ? 0.f : mx;
+          const float scale = math::ptx_exp2(m[mq][h] - m_ref);
+          m[mq][h] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            s[mq][nt][2 * h] = math::ptx_exp2(s[mq][nt][2 * h] - m_ref);
+            s[mq][nt][2 * h + 1] = math::ptx_exp2(s[mq][nt][2 * h + 1] - m_ref);
+            sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+          }
+          l[mq][h] = l[mq][h] * scale + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDT; ++dt) {
+            o[mq][dt][2 * h] *= scale;
+            o[mq][dt][2 * h + 1] *= scale;
+          }
+        } else {
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
+          l[mq][h] += sum;
+        }
+      }
+    }
+
+    // P in the input dtype, packed now so the fp32 scores are dead before the PV loop.
+    uint32_t pf[kMmaQ][kNT][2];
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        pf[mq][nt][0] = ptx::pack2<DTypeKV>(s[mq][nt][0], s[mq][nt][1]);
+        pf[mq][nt][1] = ptx::pack2<DTypeKV>(s[mq][nt][2], s[mq][nt][3]);
+      }
+    }
+
+    // ---- V_kt has landed (K_{kt+1} may be in flight)
+    ptx::cp_async_wait<1>();
+    __syncthreads();
+    if constexpr (Traits::kStages == 2) {
+      issue(kt + 1, true);
+      load_pages(kt + 2);
+    }
+    const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
+#pragma unroll
+    for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
+      uint32_t pa[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        pa[mq][0] = pf[mq][2 * ks][0];
+        pa[mq][1] = pf[mq][2 * ks][1];
+        pa[mq][2] = pf[mq][2 * ks + 1][0];
+        pa[mq][3] = pf[mq][2 * ks + 1][1];
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
+          ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+        }
+      }
+    }
+    if constexpr (Traits::kStages == 1) {
+      __syncthreads();  // every warp is done with the V buffer
+      issue(kt + 1, true);
+      load_pages(kt + 2);
+    }
+  };
+
+  const int32_t masked_from =
+      kVarMask ? kt_begin : min(kt_end, max(kt_begin, range.unmasked_tiles));
+  // Two loops (mask-free tiles, then the masked band) rather than one loop with a branch: the
+  // branch would keep the masked body's values live across the hot loop (measured: spills).
+  int32_t kt = kt_begin;
+  for (; kt < masked_from; ++kt) step(kt, std::false_type{});
+  for (; kt < kt_end; ++kt) step(kt, std::true_type{});
+  ptx::cp_async_wait<0>();
+
+  // ---- epilogue
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[mq][h] += __shfl_xor_sync(0xffffffffu, l[mq][h], 1);
+      l[mq][h] += __shfl_xor_sync(0xffffffffu, l[mq][h], 2);
+    }
+  }
+  if (write_partial) {
+    // Slot `unit`: rows [kTileQ], fp32 (normalized for softmax), weight = base-2 LSE or sum.
+    const int64_t slot_row0 = (int64_t(unit) * num_kv_heads + kv_head) * Traits::kTileQ;
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
+        const float lv = l[mq][h];
+        const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
+        float* dst = part.o + (slot_row0 + r) * kD + 2 * pair;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          *reinterpret_cast<float2*>(dst + dt * 8) =
+              make_float2(o[mq][dt][2 * h] * inv, o[mq][dt][2 * h + 1] * inv);
+        }
+        if (pair == 0) {
+          part.lse[slot_row0 + r] =
+              kSoftmax ? (lv > 0.f ? m[mq][h] + math::ptx_log2(lv) : -math::inf) : lv;
+        }
+      }
+    }
+    return;
+  }
+
+  // Final output: normalized, OutputTransform, staged in this warp's Q rows (only this warp
+  // reads them), then 16-byte stores.
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
+      const float lv = l[mq][h];
+      const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
+      const uint32_t p = p_lane + mq * 16 + 8 * h;
+      const int32_t token = int32_t(p / G);
+      const uint32_t qo_head = kv_head * G + p % G;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        float y0 = o[mq][dt][2 * h] * inv, y1 = o[mq][dt][2 * h + 1] * inv;
+        y0 = hooks::output_transform(variant, params, y0, w.batch, uint32_t(token), qo_head);
+        y1 = hooks::output_transform(variant, params, y1, w.batch, uint32_t(token), qo_head);
+        *reinterpret_cast<uint32_t*>(q_smem + swz<kChunks>(r, dt) + pair * 4) =
+            ptx::pack2<DTypeO>(y0, y1);
+      }
+      if (pair == 0 && params.lse != nullptr && token < qo_len) {
+        params.lse[(rq.q_row0 + token) * params.num_qo_heads + qo_head] =
+            kSoftmax ? (lv > 0.f ? (m[mq][h] + math::ptx_log2(lv)) * math::ln2 : -math::inf)
+                     : logf(lv);
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll 4
+  for (int it = 0; it < Traits::kWarpRows * kChunks / 32; ++it) {
+    const uint32_t idx = it * 32 + lane;
+    const uint32_t r = warp_row0 + idx / kChunks;
+    const uint32_t c = idx % kChunks;
+    const uint32_t p = p0 + r;
+    const int32_t token = int32_t(p / G);
+    if (token < qo_len) {
+      const uint32_t head = kv_head * G + p % G;
+      DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n +
+                    int64_t(head) * params.o_stride_h + c * 8;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q_smem + swz<kChunks>(r, c));
+    }
+  }
+}
+
+}  // namespace prefill
+}  // namespace flashgen

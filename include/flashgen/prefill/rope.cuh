@@ -1,0 +1,59 @@
+/**
+ * @brief Llama RoPE (half split), shared by prefill and (for the lead to wire in) decode.
+ *
+ * For a head of D dims and pair i < D/2: freq_i = 1 / rope_theta^(2i/D),
+ * angle = (pos / rope_scale) * freq_i, and
+ *   out[i]       = x[i] cos(angle) - x[i + D/2] sin(angle)
+ *   out[i + D/2] = x[i + D/2] cos(angle) + x[i] sin(angle).
+ * Angles are fp32 with the accurate sincosf (no fast-math): the error grows with pos like
+ * pos * 2^-24 radians.
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flashgen {
+namespace rope {
+
+/** Per-call constants: log2(theta) and 1 / rope_scale. */
+struct LlamaRope {
+  float log2_theta, rcp_scale;
+  __host__ __device__ static LlamaRope make(float rope_theta, float rope_scale) {
+    LlamaRope r;
+#ifdef __CUDA_ARCH__
+    r.log2_theta = log2f(rope_theta);
+#else
+    r.log2_theta = static_cast<float>(__builtin_log2(static_cast<double>(rope_theta)));
+#endif
+    r.rcp_scale = 1.f / rope_scale;
+    return r;
+  }
+  /** freq_i / rope_scale for pair i of a head of `dim` dims. */
+  __device__ __forceinline__ float freq(int i, int dim) const {
+    return rcp_scale * exp2f(-(2.f * float(i) / float(dim)) * log2_theta);
+  }
+};
+
+/** Rotates one pair (x[i], x[i + D/2]) by angle pos * freq. */
+__device__ __forceinline__ void rotate_pair(float& lo, float& hi, float pos, float freq) {
+  float s, c;
+  sincosf(pos * freq, &s, &c);
+  const float a = lo * c - hi * s;
+  const float b = hi * c + lo * s;
+  lo = a;
+  hi = b;
+}
+
+/**
+ * Decode helper: rotates a whole head held as floats, x[0..D) (e.g. a query row in registers or
+ * shared memory, one thread per head or strided over threads by the caller).
+ */
+template <int D>
+__device__ __forceinline__ void apply_llama(float* x, float pos, const LlamaRope& r) {
+#pragma unroll 4
+  for (int i = 0; i < D / 2; ++i) rotate_pair(x[i], x[i + D / 2], pos, r.freq(i, D));
+}
+
+}  // namespace rope
+}  // namespace flashgen

@@ -1,0 +1,94 @@
+/**
+ * @brief Tile shapes of the prefill kernels (mma.sync m16n8k16, sm_80+).
+ *
+ * A CTA owns kTileQ "packed" query rows of one kv head: packed row p of a request is token p / G,
+ * query head kv_head * G + p % G (G = num_qo_heads / num_kv_heads), so the GQA group shares every
+ * K/V tile it loads. Each warp owns kMmaQ * 16 consecutive rows (Q fragments from shared memory,
+ * S and O in registers, P kept in registers for the PV mma). K/V stream through kStages buffers
+ * of kTileKV rows each (kStages 2: the next tile's copy is issued a whole tile ahead; 1: FA2's
+ * K/V ping-pong with an extra barrier before each refill, used where shared memory is short).
+ */
+#pragma once
+
+#include <cstdint>
+
+namespace flashgen {
+namespace prefill {
+
+enum MaskMode : int { kMaskNone = 0, kMaskCausal = 1 };
+enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
+
+template <int HEAD_DIM>
+struct PrefillConfig;
+
+// head_dim 64: 4 warps x 32 rows, 128-row kv tiles (S 128 + O 64 floats per thread).
+template <>
+struct PrefillConfig<64> {
+  static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = 128, kStages = 2, kMinCtas = 2;
+};
+// head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
+// (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES}.)
+#ifndef FLASHGEN_PREFILL_D128_WARPS
+#define FLASHGEN_PREFILL_D128_WARPS 4
+#endif
+#ifndef FLASHGEN_PREFILL_D128_MMA_Q
+#define FLASHGEN_PREFILL_D128_MMA_Q 2
+#endif
+#ifndef FLASHGEN_PREFILL_D128_TILE_KV
+#define FLASHGEN_PREFILL_D128_TILE_KV 64
+#endif
+#ifndef FLASHGEN_PREFILL_D128_STAGES
+#define FLASHGEN_PREFILL_D128_STAGES 2
+#endif
+template <>
+struct PrefillConfig<128> {
+  static constexpr int kWarps = FLASHGEN_PREFILL_D128_WARPS, kMmaQ = FLASHGEN_PREFILL_D128_MMA_Q,
+                       kTileKV = FLASHGEN_PREFILL_D128_TILE_KV,
+                       kStages = FLASHGEN_PREFILL_D128_STAGES, kMinCtas = 2;
+};
+// head_dim 256: 8 warps x 16 rows, 64-row kv tiles (S 32 + O 128 floats), single K/V buffers:
+// 128 KB (fits sm_80's 163 KB).
+template <>
+struct PrefillConfig<256> {
+  static constexpr int kWarps = 8, kMmaQ = 1, kTileKV = 64, kStages = 1, kMinCtas = 1;
+};
+
+template <int HEAD_DIM_>
+struct PrefillTraits {
+  using Cfg = PrefillConfig<HEAD_DIM_>;
+  static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr int kWarps = Cfg::kWarps;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMmaQ = Cfg::kMmaQ;        // 16-row m tiles per warp
+  static constexpr int kWarpRows = 16 * kMmaQ;
+  static constexpr int kTileQ = kWarps * kWarpRows;  // packed query rows per CTA
+  static constexpr int kTileKV = Cfg::kTileKV;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr int kMinCtas = Cfg::kMinCtas;     // __launch_bounds__ and the split plan
+  static constexpr int kChunks = kHeadDim / 8;       // 16-byte chunks per row
+  static constexpr int kNT = kTileKV / 8;            // n tiles of S per m tile
+  static constexpr int kDT = kHeadDim / 8;           // n tiles of O per m tile
+  static constexpr int kKSteps = kHeadDim / 16;      // k steps of Q K^T
+  static constexpr int kPVSteps = kTileKV / 16;      // k steps of P V
+  static constexpr int kCopyRows = kThreads / kChunks;  // rows one CTA-wide copy covers
+  static constexpr int kCopiesPerThread = kTileKV / kCopyRows;
+  static constexpr int kVariantSmemBytes = 256;
+  static constexpr int kQSmemBytes = kTileQ * kHeadDim * 2;
+  static constexpr int kKVTileBytes = kTileKV * kHeadDim * 2;
+  static constexpr int kSmemBytes = kVariantSmemBytes + kQSmemBytes + 2 * kStages * kKVTileBytes;
+  static_assert(kThreads % kChunks == 0 && kTileKV % kCopyRows == 0, "copy layout");
+  static_assert(kNT % 2 == 0 && kDT % 2 == 0, "fragments come in pairs");
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
+};
+
+/** Minimum kv chunk (in kv tiles) a split-KV unit gets. */
+#ifndef FLASHGEN_PREFILL_MIN_CHUNK_TILES
+#define FLASHGEN_PREFILL_MIN_CHUNK_TILES 4
+#endif
+
+__host__ __device__ __forceinline__ constexpr int64_t ceil_div64(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace prefill
+}  // namespace flashgen
