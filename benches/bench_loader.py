@@ -88,7 +88,8 @@ def bench_overhead() -> None:
     o = torch.empty_like(q)
     a, b, c = (torch.randn(8, 128, device="cuda") for _ in range(3))
 
-    loaded = _loader.load("single_decode", {"dtype": "bf16", "head_dim": 128, "variant": "default"})
+    loaded = _loader.load("single_decode", {"dtype": "bf16", "head_dim": 128, "pos_encoding": "none",
+                                            "variant": "default"})
     lib = loaded.kernels
     from flashgen._kernels import SingleDecodeArgs
 

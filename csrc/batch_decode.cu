@@ -3,6 +3,10 @@
  *
  * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
  * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ *
+ * With pos_encoding=rope_llama the call is a prefill of one query per request through the
+ * prefill kernels (qo_indptr = 0..batch, written into the workspace by a small kernel), so decode
+ * and prefill of a RoPE model agree by construction.
  */
 #include <flashgen_instance.cuh>
 
@@ -14,6 +18,7 @@
 #include "flashgen/launch.cuh"
 #include "flashgen/merge.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
@@ -57,6 +62,75 @@ int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) 
                 static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
   }
   return FLASHGEN_OK;
+}
+
+/** qo_indptr of one query per request: 0, 1, ..., batch. */
+__global__ void one_query_each(int32_t* qo_indptr, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    qo_indptr[i] = static_cast<int32_t>(i);
+  }
+}
+
+/** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own. */
+template <int HEAD_DIM, int PAGE_SIZE>
+int64_t rope_workspace(const Args& a, const DeviceInfo& dev, int64_t* indptr_bytes) {
+  *indptr_bytes = prefill::align256((a.batch_size + 1) * 4);
+  return *indptr_bytes + prefill::batch_prefill_workspace_bytes<HEAD_DIM, prefill::kPosRopeLlama, half>(
+                             a.batch_size, a.num_page_ids * PAGE_SIZE, a.batch_size,
+                             a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+}
+
+/** The rope_llama path: one query per request at position kv_len - 1, as a paged prefill. */
+template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
+int run_rope(const Args& a, const DeviceInfo& dev) {
+  using Params = BatchPrefillPagedParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  int64_t indptr_bytes = 0;
+  const int64_t need = rope_workspace<HEAD_DIM, PAGE_SIZE>(a, dev, &indptr_bytes);
+  if (a.workspace == nullptr || a.workspace_bytes < need || !aligned16(a.workspace)) {
+    return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                "batch_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p",
+                static_cast<long long>(need), static_cast<long long>(a.workspace_bytes),
+                a.workspace);
+  }
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
+  auto* indptr = static_cast<int32_t*>(a.workspace);
+  p.q = static_cast<const DType*>(a.q);
+  p.paged_kv = static_cast<const DType*>(a.paged_kv);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.qo_indptr = indptr;
+  p.kv_indptr = a.kv_indptr;
+  p.kv_indices = a.kv_indices;
+  p.kv_last_page_len = a.kv_last_page_len;
+  p.q_rope_offset = nullptr;
+  p.kv_rope_offset = nullptr;
+  p.q_stride_n = a.q_stride_b;
+  p.q_stride_h = a.q_stride_h;
+  p.kv_stride_page = a.kv_stride_page;
+  p.kv_stride_kv = a.kv_stride_kv;
+  p.kv_stride_n = a.kv_stride_n;
+  p.kv_stride_h = a.kv_stride_h;
+  p.o_stride_n = a.o_stride_b;
+  p.o_stride_h = a.o_stride_h;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.page_size = static_cast<uint32_t>(a.page_size);
+  p.sm_scale = a.sm_scale;
+  p.rope_scale = a.rope_scale;
+  p.rope_theta = a.rope_theta;
+  const auto stream = static_cast<cudaStream_t>(a.stream);
+  const uint32_t n = static_cast<uint32_t>(a.batch_size + 1);
+  if (int st = launch("batch_decode qo_indptr kernel", one_query_each, dim3((n + 255) / 256), 256,
+                      0, stream, false, indptr, n)) {
+    return st;
+  }
+  return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, prefill::kMaskNone,
+                                             prefill::kPosRopeLlama, Variant>(
+      p, a.batch_size, a.num_page_ids * PAGE_SIZE, static_cast<uint8_t*>(a.workspace) + indptr_bytes,
+      a.workspace_bytes - indptr_bytes, dev, stream);
 }
 
 template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
@@ -141,14 +215,25 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* arg
   if (int st = current_device(&dev)) return st;
   int status = -1;
   DISPATCH_head_dim(head_dim, kHeadDim, {
-    Plan plan;
-    make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
-    *bytes = plan.workspace;
-    status = FLASHGEN_OK;
+    DISPATCH_pos_encoding(args->pos_encoding_code, kPos, {
+      if constexpr (kPos == prefill::kPosRopeLlama) {
+        DISPATCH_page_size(args->page_size, kPageSize, {
+          int64_t indptr_bytes = 0;
+          *bytes = rope_workspace<kHeadDim, kPageSize>(*args, dev, &indptr_bytes);
+          status = FLASHGEN_OK;
+        });
+      } else {
+        Plan plan;
+        make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
+        *bytes = plan.workspace;
+        status = FLASHGEN_OK;
+      }
+    });
   });
   if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE, "batch_decode: this binary holds no head_dim %lld",
-                static_cast<long long>(head_dim));
+    return fail(FLASHGEN_NO_INSTANCE,
+                "batch_decode: this binary holds no head_dim %lld / pos_encoding code %lld",
+                static_cast<long long>(head_dim), static_cast<long long>(args->pos_encoding_code));
   }
   return status;
 }
@@ -178,8 +263,14 @@ extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
   DISPATCH_dtype(a.dtype_code, DType, {
     DISPATCH_head_dim(a.head_dim, kHeadDim, {
       DISPATCH_page_size(a.page_size, kPageSize, {
-        DISPATCH_variant(a.variant_code, Tag, {
-          status = run<DType, kHeadDim, kPageSize, Tag>(a, dev);
+        DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+          DISPATCH_variant(a.variant_code, Tag, {
+            if constexpr (kPos == prefill::kPosRopeLlama) {
+              status = run_rope<DType, kHeadDim, kPageSize, Tag>(a, dev);
+            } else {
+              status = run<DType, kHeadDim, kPageSize, Tag>(a, dev);
+            }
+          });
         });
       });
     });

@@ -3,6 +3,10 @@
  *
  * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
  * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ *
+ * With pos_encoding=rope_llama the call is a one-query prefill (include/flashgen/prefill/): the
+ * same kernels, positions and RoPE as single_prefill, so a decode step and a prefill of a RoPE
+ * model agree by construction.
  */
 #include <flashgen_instance.cuh>
 
@@ -14,6 +18,7 @@
 #include "flashgen/launch.cuh"
 #include "flashgen/merge.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
@@ -57,6 +62,38 @@ int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
                 static_cast<long long>(kv_len));
   }
   return FLASHGEN_OK;
+}
+
+/** The rope_llama path: one query at position kv_len - 1, through the prefill kernels. */
+template <typename DType, int HEAD_DIM, typename Tag>
+int run_rope(const Args& a, const DeviceInfo& dev) {
+  using Params = SinglePrefillParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
+  p.q = static_cast<const DType*>(a.q);
+  p.k = static_cast<const DType*>(a.k);
+  p.v = static_cast<const DType*>(a.v);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.q_stride_n = a.num_qo_heads * a.q_stride_h;  // one token: any multiple of 8 will do
+  p.q_stride_h = a.q_stride_h;
+  p.k_stride_n = a.k_stride_n;
+  p.k_stride_h = a.k_stride_h;
+  p.v_stride_n = a.v_stride_n;
+  p.v_stride_h = a.v_stride_h;
+  p.o_stride_n = a.num_qo_heads * a.o_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.qo_len = 1;
+  p.kv_len = static_cast<uint32_t>(a.kv_len);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
+  p.rope_scale = a.rope_scale;
+  p.rope_theta = a.rope_theta;
+  return prefill::launch_single_prefill<HEAD_DIM, prefill::kMaskNone, prefill::kPosRopeLlama,
+                                        Variant>(p, a.workspace, a.workspace_bytes, dev,
+                                                 static_cast<cudaStream_t>(a.stream));
 }
 
 template <typename DType, int HEAD_DIM, typename Tag>
@@ -134,14 +171,22 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* ar
   if (int st = current_device(&dev)) return st;
   int status = -1;
   DISPATCH_head_dim(head_dim, kHeadDim, {
-    Plan plan;
-    make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
-    *bytes = plan.workspace;
-    status = FLASHGEN_OK;
+    DISPATCH_pos_encoding(args->pos_encoding_code, kPos, {
+      if constexpr (kPos == prefill::kPosRopeLlama) {
+        *bytes = prefill::single_prefill_workspace_bytes<kHeadDim, kPos, half>(
+            1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
+      } else {
+        Plan plan;
+        make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
+        *bytes = plan.workspace;
+      }
+      status = FLASHGEN_OK;
+    });
   });
   if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE, "single_decode: this binary holds no head_dim %lld",
-                static_cast<long long>(head_dim));
+    return fail(FLASHGEN_NO_INSTANCE,
+                "single_decode: this binary holds no head_dim %lld / pos_encoding code %lld",
+                static_cast<long long>(head_dim), static_cast<long long>(args->pos_encoding_code));
   }
   return status;
 }
@@ -166,7 +211,15 @@ extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
   int status = -1;
   DISPATCH_dtype(a.dtype_code, DType, {
     DISPATCH_head_dim(a.head_dim, kHeadDim, {
-      DISPATCH_variant(a.variant_code, Tag, { status = run<DType, kHeadDim, Tag>(a, dev); });
+      DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+        DISPATCH_variant(a.variant_code, Tag, {
+          if constexpr (kPos == prefill::kPosRopeLlama) {
+            status = run_rope<DType, kHeadDim, Tag>(a, dev);
+          } else {
+            status = run<DType, kHeadDim, Tag>(a, dev);
+          }
+        });
+      });
     });
   });
   if (status < 0) {

@@ -658,7 +658,7 @@ fn mark_build_dir(dir: &Path, existed: bool) -> Result<()> {
             || name == "manifest.json"
             || name == "generated"
             || name == ".flashgen-stamp"
-            || name.starts_with(".tmp-")
+            || crate::fsutil::is_atomic_temp(name)
             || name.ends_with(".so")
     };
     let adopt = !existed

@@ -132,7 +132,9 @@ impl Cache {
                 .with_context(|| format!("cannot read the cache folder {}", dir.display()))?
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !OWN_NAMES.contains(&n.as_str()))
+                // A concurrent flashgen that is creating this cache may be between writing its
+                // marker's temp file and renaming it: that temp file is ours too.
+                .filter(|n| !OWN_NAMES.contains(&n.as_str()) && !fsutil::is_atomic_temp(n))
                 .collect();
             if !foreign.is_empty() {
                 let mut shown = foreign.clone();

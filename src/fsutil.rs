@@ -16,6 +16,18 @@ pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool> {
     Ok(true)
 }
 
+/// The prefix of [`write_atomic`]'s temp files (the `tempfile` crate adds 6 random characters).
+const ATOMIC_TEMP_PREFIX: &str = ".tmp-";
+
+/// Whether `name` is one of [`write_atomic`]'s temp files (as another process may be writing).
+pub fn is_atomic_temp(name: &str) -> bool {
+    name.len() == ATOMIC_TEMP_PREFIX.len() + 6
+        && name.starts_with(ATOMIC_TEMP_PREFIX)
+        && name[ATOMIC_TEMP_PREFIX.len()..]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric())
+}
+
 /// Temp file, then rename: a killed process leaves the old file or the new one, never half of
 /// one. No fsync: these files (headers, records, manifests) are cheap to regenerate, and syncing
 /// each of 10,000 small files dominated a cold build.
@@ -23,7 +35,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
+        .prefix(ATOMIC_TEMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
     tmp.write_all(bytes)?;
@@ -42,7 +54,7 @@ pub fn place_file(src: &Path, dst: &Path) -> Result<()> {
     let dir = dst.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
+        .prefix(ATOMIC_TEMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temp file in {}", dir.display()))?
         .into_temp_path();

@@ -5,6 +5,9 @@ Public API::
 
     flashgen.single_decode(q, k, v, *, kv_layout="NHD", variant="default", ...)
     flashgen.batch_decode(q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, ...)
+    flashgen.single_prefill(q, k, v, *, causal=False, pos_encoding="none", ...)
+    flashgen.batch_prefill(q, qo_indptr, k, v, kv_indptr, *, causal=False, ...)
+    flashgen.batch_prefill_paged(q, qo_indptr, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, ...)
     flashgen.Variant(name, source, params=[("logits_scale", "float")])   # a custom variant
     flashgen.list_variants(module=None, **where)
     flashgen.is_precompiled(module, **params)
@@ -21,12 +24,16 @@ from __future__ import annotations
 from typing import Any
 
 from ._decode import batch_decode, single_decode
+from ._prefill import batch_prefill, batch_prefill_paged, single_prefill
 from ._errors import CompileError, FlashgenError, JITDisabledError, KernelError, NoGPUError
 from ._variant import Variant
 
 __all__ = [
     "single_decode",
     "batch_decode",
+    "single_prefill",
+    "batch_prefill",
+    "batch_prefill_paged",
     "Variant",
     "list_variants",
     "is_precompiled",

@@ -26,7 +26,7 @@ SINGLE_DECODE = Spec(
     inputs=(T("q", {"*": ("Hq", "D")}), T("k", _KV), T("v", _KV)),
     out=("Hq", "D"),
     lse=("Hq",),
-    axes={"dtype": "$dtype", "head_dim": "D"},
+    axes={"dtype": "$dtype", "head_dim": "D", "pos_encoding": "$pos_encoding"},
     fields={
         "num_qo_heads": "Hq", "num_kv_heads": "Hk", "kv_len": "L", "head_dim": "D",
         "q_stride_h": Stride("q", "Hq"), "k_stride_n": Stride("k", "L"), "k_stride_h": Stride("k", "Hk"),
@@ -47,9 +47,9 @@ BATCH_DECODE = Spec(
     ),
     out=("B", "Hq", "D"),
     lse=("B", "Hq"),
-    axes={"dtype": "$dtype", "head_dim": "D", "page_size": "P"},
+    axes={"dtype": "$dtype", "head_dim": "D", "page_size": "P", "pos_encoding": "$pos_encoding"},
     fields={
-        "batch_size": "B", "num_qo_heads": "Hq", "num_kv_heads": "Hk", "head_dim": "D",
+        "batch_size": "B", "num_page_ids": "Ni", "num_qo_heads": "Hq", "num_kv_heads": "Hk", "head_dim": "D",
         "page_size": "P", "q_stride_b": Stride("q", "B"), "q_stride_h": Stride("q", "Hq"),
         "kv_stride_page": Stride("paged_kv_cache", "Np"), "kv_stride_kv": Stride("paged_kv_cache", "2"),
         "kv_stride_n": Stride("paged_kv_cache", "P"), "kv_stride_h": Stride("paged_kv_cache", "Hk"),
@@ -65,10 +65,13 @@ def single_decode(
     v: Any,
     *,
     kv_layout: str = "NHD",
+    pos_encoding: str = "none",
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
     out: Any = None,
+    rope_theta: float = 1e4,
+    rope_scale: float = 1.0,
     **variant_params: Any,
 ) -> Any:
     """Attention of one query token per head over one request's KV.
@@ -82,6 +85,9 @@ def single_decode(
             ``flashgen.Variant``; its parameters go in ``**variant_params``
             (``logits_soft_cap=30.0``, ``window_left=256``, ``alibi_slopes=<float32 tensor>``).
         sm_scale: the softmax scale, default ``1/sqrt(head_dim)``.
+        pos_encoding: ``"none"`` or ``"rope_llama"``: rotate q (at position ``kv_len - 1``) and k
+            (at their positions) as ``single_prefill`` does, with ``rope_theta`` and ``rope_scale``;
+            such a call runs the prefill kernels with one query.
         return_lse: also return the log-sum-exp of each head's logits (float32
             ``[num_qo_heads]``, natural log).
         out: optional output tensor shaped and typed like ``q``.
@@ -90,8 +96,9 @@ def single_decode(
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``. Tensors may come from torch,
         cupy or any DLPack producer; outputs are allocated by ``q``'s framework.
     """
+    options = _op.rope_options("single_decode", pos_encoding, rope_theta, rope_scale)
     return _op.call(SINGLE_DECODE, (q, k, v), out=out, kv_layout=kv_layout, variant=variant,
-                    sm_scale=sm_scale, return_lse=return_lse, options={}, variant_params=variant_params)
+                    sm_scale=sm_scale, return_lse=return_lse, options=options, variant_params=variant_params)
 
 
 def batch_decode(
@@ -102,10 +109,13 @@ def batch_decode(
     kv_last_page_len: Any,
     *,
     kv_layout: str = "NHD",
+    pos_encoding: str = "none",
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
     out: Any = None,
+    rope_theta: float = 1e4,
+    rope_scale: float = 1.0,
     **variant_params: Any,
 ) -> Any:
     """Decode attention for a batch of requests over a paged KV cache.
@@ -118,12 +128,13 @@ def batch_decode(
         kv_indptr: int32 ``[batch + 1]``: request ``b`` owns ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``.
         kv_indices: int32 page ids, ``[kv_indptr[batch]]``.
         kv_last_page_len: int32 ``[batch]``, entries in the last page of each request (1..page_size).
-        variant, sm_scale, return_lse, out, variant_params: as in ``single_decode``; the LSE is
-            float32 ``[batch, num_qo_heads]``.
+        pos_encoding, rope_theta, rope_scale, variant, sm_scale, return_lse, out, variant_params: as
+            in ``single_decode``; the LSE is float32 ``[batch, num_qo_heads]``.
 
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     return _op.call(BATCH_DECODE, (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len), out=out,
                     kv_layout=kv_layout, variant=variant, sm_scale=sm_scale, return_lse=return_lse,
-                    options={}, variant_params=variant_params)
+                    options=_op.rope_options("batch_decode", pos_encoding, rope_theta, rope_scale),
+                    variant_params=variant_params)

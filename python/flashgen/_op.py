@@ -75,6 +75,18 @@ def _describe_dims(t: T, layout: str) -> str:
     return "[" + ", ".join(SYMBOLS.get(s, s).replace("+", " + ") for s in t.dims_for(layout)) + "]"
 
 
+def rope_options(what: str, pos_encoding: Any, rope_theta: Any, rope_scale: Any) -> dict[str, Any]:
+    """The ``pos_encoding`` option (an axis) and the RoPE parameters (struct fields), checked."""
+    try:
+        theta, scale = float(rope_theta), float(rope_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: rope_theta and rope_scale must be numbers, got {rope_theta!r} and "
+                        f"{rope_scale!r}") from None
+    if not (theta > 0 and scale > 0):
+        raise ValueError(f"{what}: rope_theta and rope_scale must be positive, got {theta} and {scale}")
+    return {"pos_encoding": pos_encoding, "rope_theta": theta, "rope_scale": scale}
+
+
 def gqa(what: str, sym: dict[str, int]) -> None:
     C.check_gqa(what, sym["Hq"], sym["Hk"])
 

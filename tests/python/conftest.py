@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON_SRC = REPO / "python"
 # The small wheel CI builds: one instance, one arch.
 SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
-                    "--where", "head_dim=128", "--where", "variant=default"]
+                    "--where", "head_dim=128", "--where", "pos_encoding=none", "--where", "variant=default"]
 
 def _installed_elsewhere() -> bool:
     """A flashgen already importable from outside this checkout (a wheel on PYTHONPATH, as on
@@ -239,14 +239,24 @@ FAKE_MATRIX: dict[str, Any] = {
         "single_decode": {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
             {"name": "head_dim", "type": "int", "values": [64, 128]},
+            {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
             {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
         ]},
         "batch_decode": {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
             {"name": "head_dim", "type": "int", "values": [64, 128, 256]},
             {"name": "page_size", "type": "int", "values": [1, 16]},
+            {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
             {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
         ]},
+        **{mod: {"entry_points": [], "axes": [
+            {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
+            {"name": "head_dim", "type": "int", "values": [64, 128]},
+            *([{"name": "page_size", "type": "int", "values": [1, 16]}] if mod.endswith("paged") else []),
+            {"name": "mask", "type": "enum", "values": ["none", "causal"]},
+            {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+        ]} for mod in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")},
     },
     "instances": [],
     "reserved_words": ["class", "float", "int", "struct", "template"],

@@ -274,7 +274,7 @@ def test_runs_on_the_callers_current_stream() -> None:
     lens = [5, 40, 70]
     cache, indptr, indices, last = make_paged(lens, 16, 128, "NHD", torch.bfloat16, gen)
     out = torch.full_like(q, float("nan"))
-    params = {"dtype": "bf16", "head_dim": 128, "page_size": 16, "variant": "default"}
+    params = {"dtype": "bf16", "head_dim": 128, "page_size": 16, "pos_encoding": "none", "variant": "default"}
     flashgen.batch_decode(q, cache, indptr, indices, last, out=out)  # load (and maybe compile) first
     out.fill_(float("nan"))
     torch.cuda.synchronize()
@@ -386,7 +386,7 @@ def test_import_to_first_kernel_is_reported(_gpu_cache: str) -> None:
     import sys
 
     rows = flashgen.list_variants("single_decode", variant="default")
-    p = next((r["params"] for r in rows if r["precompiled"]), {"dtype": "bf16", "head_dim": 128, "variant": "default"})
+    p = next((r["params"] for r in rows if r["precompiled"]), {"dtype": "bf16", "head_dim": 128, "pos_encoding": "none", "variant": "default"})
     t = "torch.bfloat16" if p["dtype"] == "bf16" else "torch.float16"
     # Warm the JIT cache in this process if the instance is not shipped.
     d = p["head_dim"]

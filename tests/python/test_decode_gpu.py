@@ -197,6 +197,7 @@ def instance(module, **params):
 
 
 def find_instance(module, **params):
+    params.setdefault("pos_encoding", "none")  # RoPE decode is tested through the API (test_prefill_gpu)
     return instance(module, **params)
 
 
@@ -447,8 +448,8 @@ def test_errors_are_statuses_not_crashes():
     assert e.value.status == 1 and "NULL" in e.value.message
     call()  # still works after the failures
     torch.cuda.synchronize()
-    q_codes = [codes["dtype"], 128, codes["variant"]]
-    assert lib.query("single_decode", q_codes) == "dtype=bf16 head_dim=128 variant=default"
+    q_codes = [codes["dtype"], 128, codes["pos_encoding"], codes["variant"]]
+    assert lib.query("single_decode", q_codes) == "dtype=bf16 head_dim=128 pos_encoding=none variant=default"
     with pytest.raises(FlashgenError) as e:
-        lib.query("single_decode", [codes["dtype"], 64, codes["variant"]])
+        lib.query("single_decode", [codes["dtype"], 64, codes["pos_encoding"], codes["variant"]])
     assert e.value.status == 2

@@ -274,8 +274,9 @@ def test_single_decode_validation(fake_matrix: Any, kw: dict[str, Any], exc: typ
 @pytest.mark.parametrize("kw, exc, match", [
     ({"page_size": 8}, ValueError, "page_size=8 is not in the variant matrix; page_size takes 1, 16"),
     ({"page_size": 1, "head_dim": 256}, ValueError,
-     "no instance of batch_decode has dtype=bf16, head_dim=256, page_size=1, variant=default; instances exist for "
-     r"head_dim=64\|128 \(with dtype=bf16, page_size=1, variant=default\); or page_size=16"),
+     "no instance of batch_decode has dtype=bf16, head_dim=256, page_size=1, pos_encoding=none, variant=default; "
+     r"instances exist for head_dim=64\|128 \(with dtype=bf16, page_size=1, pos_encoding=none, variant=default\); "
+     "or page_size=16"),
     ({"indptr": FakeCudaTensor((5,), "i64")}, TypeError, "kv_indptr must be an int32 tensor, got i64"),
     ({"indptr": FakeCudaTensor((4,), "i32")}, ValueError, r"kv_indptr must have batch \+ 1 = 5 entries, got 4"),
     ({"last": FakeCudaTensor((5,), "i32")}, ValueError, "kv_last_page_len has batch 5 but q has 4"),
@@ -330,8 +331,9 @@ def test_list_variants_selects_with_the_clis_own_filter(flashgen_bin: Path, monk
     assert flashgen.list_variants("single_decode", head_dim="9*") == []
     with pytest.raises(ValueError, match="unknown axis `heads`"):
         flashgen.list_variants(heads=3)
-    assert flashgen.is_precompiled("single_decode", dtype="bf16", head_dim=128, variant="default") is False
-    with pytest.raises(ValueError, match="no value given for axis variant"):
+    assert flashgen.is_precompiled("single_decode", dtype="bf16", head_dim=128, pos_encoding="none",
+                                   variant="default") is False
+    with pytest.raises(ValueError, match="no value given for axis pos_encoding, variant"):
         flashgen.is_precompiled("single_decode", dtype="bf16", head_dim=128)
     with pytest.raises(ValueError, match="unknown module 'prefill'"):
         flashgen.is_precompiled("prefill", dtype="bf16")
@@ -570,7 +572,7 @@ def test_custom_variant_compiles_through_the_jit(run_py: RunPy) -> None:
     code = PRELUDE + (
         "import flashgen\n"
         f"v = flashgen.Variant('user_flash_sigmoid', {flash_sigmoid_source()!r}, params={FLASH_SIGMOID_PARAMS!r})\n"
-        "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128}, v))\n"
+        "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128, 'pos_encoding': 'none'}, v))\n"
     )
     cold = _result(run_py(code, **DEVICE))
     assert cold["source"] == "jit" and cold["uri"].endswith("variant_user_flash_sigmoid")
@@ -599,7 +601,7 @@ PARITY_SNIPPET = PRELUDE + r"""
 import os
 from flashgen._errors import JITDisabledError
 try:
-    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'variant': 'soft_cap'})
+    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'pos_encoding': 'none', 'variant': 'soft_cap'})
 except JITDisabledError as e:
     print(json.dumps({"cache_dir": e.answer["cache_dir"], "archs": e.answer["archs"]}))
 """

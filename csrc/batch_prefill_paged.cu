@@ -1,0 +1,154 @@
+/**
+ * @brief batch_prefill_paged: the C entry points of a batch prefill with q packed along tokens
+ * (int32 qo_indptr on the device) and K/V in batch_decode's paged cache, over the kernels of
+ * include/flashgen/prefill/. Lengths are read on the device only, so a captured call replays
+ * with new lengths.
+ *
+ * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
+ * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ */
+#include <flashgen_instance.cuh>
+
+#include <cstdio>
+
+#include "flashgen/abi.h"
+#include "flashgen/launch.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/prefill/launch.cuh"
+#include "flashgen/status.cuh"
+
+FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+
+namespace {
+
+using namespace flashgen;
+
+using Args = FLASHGEN_ARGS;  // generated from variants.json modules.batch_prefill_paged.args
+
+int check_shape(const Args& a) {
+  if (a.batch_size < 1 || a.batch_size > 65535 || a.total_q < 0 || a.total_q > (int64_t{1} << 30)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_prefill_paged: batch_size %lld must be in [1, 65535] and total_q %lld in [0, 2^30]",
+                static_cast<long long>(a.batch_size), static_cast<long long>(a.total_q));
+  }
+  if (a.num_qo_heads <= 0 || a.num_kv_heads <= 0 || a.num_kv_heads > 65535 ||
+      a.num_qo_heads % a.num_kv_heads != 0) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_prefill_paged: num_qo_heads (%lld) must be a positive multiple of num_kv_heads "
+                "(%lld, at most 65535)",
+                static_cast<long long>(a.num_qo_heads), static_cast<long long>(a.num_kv_heads));
+  }
+  return FLASHGEN_OK;
+}
+
+/** Rows of keys the RoPE pre-pass may rotate: k's rows, or every slot of the listed pages. */
+int64_t kv_rows(const Args& a, int64_t page_size) {
+  return a.num_page_ids * page_size;
+}
+
+template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag>
+int run(const Args& a, const DeviceInfo& dev) {
+  using Params = BatchPrefillPagedParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_paged")) return st;
+  p.q = static_cast<const DType*>(a.q);
+  p.paged_kv = static_cast<const DType*>(a.paged_kv);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.qo_indptr = a.qo_indptr;
+  p.kv_indptr = a.kv_indptr;
+  p.kv_indices = a.kv_indices;
+  p.kv_last_page_len = a.kv_last_page_len;
+  p.q_rope_offset = a.q_rope_offset;
+  p.kv_rope_offset = a.kv_rope_offset;
+  p.q_stride_n = a.q_stride_n;
+  p.q_stride_h = a.q_stride_h;
+  p.kv_stride_page = a.kv_stride_page;
+  p.kv_stride_kv = a.kv_stride_kv;
+  p.kv_stride_n = a.kv_stride_n;
+  p.kv_stride_h = a.kv_stride_h;
+  p.o_stride_n = a.o_stride_n;
+  p.o_stride_h = a.o_stride_h;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.page_size = static_cast<uint32_t>(a.page_size);
+  p.sm_scale = a.sm_scale;
+  p.rope_scale = a.rope_scale;
+  p.rope_theta = a.rope_theta;
+  return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
+      p, a.total_q, kv_rows(a, PAGE_SIZE), a.workspace, a.workspace_bytes, dev,
+      static_cast<cudaStream_t>(a.stream));
+}
+
+}  // namespace
+
+extern "C" FLASHGEN_API int flashgen_batch_prefill_paged_workspace_size(const Args* args,
+                                                                   int64_t* bytes) {
+  if (args == nullptr || bytes == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_paged_workspace_size: args or bytes is NULL");
+  }
+  const Args& a = *args;
+  if (int st = check_shape(a)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  int status = -1;
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_page_size(a.page_size, kPageSize, {
+        DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+          *bytes = prefill::batch_prefill_workspace_bytes<kHeadDim, kPos, DType>(
+              a.total_q, kv_rows(a, kPageSize), a.batch_size, a.num_qo_heads, a.num_kv_heads,
+              dev.sm_count);
+          status = FLASHGEN_OK;
+        });
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "batch_prefill_paged_workspace_size: this binary holds no instance for dtype code "
+                "%lld, head_dim %lld, page_size %lld, pos_encoding code %lld",
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.page_size), static_cast<long long>(a.pos_encoding_code));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_batch_prefill_paged(const Args* args) {
+  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_paged: args is NULL");
+  const Args& a = *args;
+  if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_paged: q, paged_kv and o must not be NULL");
+  }
+  if (int st = check_shape(a)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  int status = -1;
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_page_size(a.page_size, kPageSize, {
+        DISPATCH_mask(a.mask_code, kMask, {
+          DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+            DISPATCH_variant(a.variant_code, Tag, {
+              status = run<DType, kHeadDim, kPageSize, kMask, kPos, Tag>(a, dev);
+            });
+          });
+        });
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "batch_prefill_paged: this binary holds no instance for dtype code %lld, head_dim "
+                "%lld, page_size %lld, mask code %lld, pos_encoding code %lld, variant code %lld",
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.page_size),
+                static_cast<long long>(a.mask_code), static_cast<long long>(a.pos_encoding_code),
+                static_cast<long long>(a.variant_code));
+  }
+  return status;
+}
+
+FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

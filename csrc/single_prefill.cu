@@ -1,0 +1,136 @@
+/**
+ * @brief single_prefill: the C entry points of one request's prefill (qo_len queries over kv_len
+ * keys), over the kernels of include/flashgen/prefill/.
+ *
+ * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
+ * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
+ */
+#include <flashgen_instance.cuh>
+
+#include <cstdio>
+
+#include "flashgen/abi.h"
+#include "flashgen/launch.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/prefill/launch.cuh"
+#include "flashgen/status.cuh"
+
+FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+
+namespace {
+
+using namespace flashgen;
+
+using Args = FLASHGEN_ARGS;  // generated from variants.json modules.single_prefill.args
+
+int check_shape(const Args& a) {
+  if (a.qo_len < 0 || a.qo_len > (int64_t{1} << 30) || a.kv_len < 0 ||
+      a.kv_len > (int64_t{1} << 30)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_prefill: qo_len %lld and kv_len %lld must be in [0, 2^30]",
+                static_cast<long long>(a.qo_len), static_cast<long long>(a.kv_len));
+  }
+  if (a.num_qo_heads <= 0 || a.num_kv_heads <= 0 || a.num_kv_heads > 65535 ||
+      a.num_qo_heads % a.num_kv_heads != 0) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_prefill: num_qo_heads (%lld) must be a positive multiple of num_kv_heads "
+                "(%lld, at most 65535)",
+                static_cast<long long>(a.num_qo_heads), static_cast<long long>(a.num_kv_heads));
+  }
+  return FLASHGEN_OK;
+}
+
+template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag>
+int run(const Args& a, const DeviceInfo& dev) {
+  using Params = SinglePrefillParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  Params p;
+  if (int st = copy_additional_params(&p, a.additional_params, "single_prefill")) return st;
+  p.q = static_cast<const DType*>(a.q);
+  p.k = static_cast<const DType*>(a.k);
+  p.v = static_cast<const DType*>(a.v);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.q_stride_n = a.q_stride_n;
+  p.q_stride_h = a.q_stride_h;
+  p.k_stride_n = a.k_stride_n;
+  p.k_stride_h = a.k_stride_h;
+  p.v_stride_n = a.v_stride_n;
+  p.v_stride_h = a.v_stride_h;
+  p.o_stride_n = a.o_stride_n;
+  p.o_stride_h = a.o_stride_h;
+  p.qo_len = static_cast<uint32_t>(a.qo_len);
+  p.kv_len = static_cast<uint32_t>(a.kv_len);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
+  p.rope_scale = a.rope_scale;
+  p.rope_theta = a.rope_theta;
+  return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
+      p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+}
+
+}  // namespace
+
+extern "C" FLASHGEN_API int flashgen_single_prefill_workspace_size(const Args* args,
+                                                                   int64_t* bytes) {
+  if (args == nullptr || bytes == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill_workspace_size: args or bytes is NULL");
+  }
+  const Args& a = *args;
+  if (int st = check_shape(a)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  int status = -1;
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+        *bytes = prefill::single_prefill_workspace_bytes<kHeadDim, kPos, DType>(
+            a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+        status = FLASHGEN_OK;
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "single_prefill_workspace_size: this binary holds no instance for dtype code "
+                "%lld, head_dim %lld, pos_encoding code %lld",
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.pos_encoding_code));
+  }
+  return status;
+}
+
+extern "C" FLASHGEN_API int flashgen_single_prefill(const Args* args) {
+  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: args is NULL");
+  const Args& a = *args;
+  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: q, k, v and o must not be NULL");
+  }
+  if (int st = check_shape(a)) return st;
+  DeviceInfo dev;
+  if (int st = current_device(&dev)) return st;
+  int status = -1;
+  DISPATCH_dtype(a.dtype_code, DType, {
+    DISPATCH_head_dim(a.head_dim, kHeadDim, {
+      DISPATCH_mask(a.mask_code, kMask, {
+        DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
+          DISPATCH_variant(a.variant_code, Tag, {
+            status = run<DType, kHeadDim, kMask, kPos, Tag>(a, dev);
+          });
+        });
+      });
+    });
+  });
+  if (status < 0) {
+    return fail(FLASHGEN_NO_INSTANCE,
+                "single_prefill: this binary holds no instance for dtype code %lld, head_dim "
+                "%lld, mask code %lld, pos_encoding code %lld, variant code %lld",
+                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
+                static_cast<long long>(a.mask_code), static_cast<long long>(a.pos_encoding_code),
+                static_cast<long long>(a.variant_code));
+  }
+  return status;
+}
+
+FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
