@@ -13,10 +13,10 @@
 #include <cstdio>
 
 #include "flashgen/abi.h"
-#include "flashgen/decode.cuh"
-#include "flashgen/decode_traits.cuh"
+#include "flashgen/decode/kernel.cuh"
+#include "flashgen/decode/traits.cuh"
 #include "flashgen/launch.cuh"
-#include "flashgen/merge.cuh"
+#include "flashgen/decode/merge.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"

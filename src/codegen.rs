@@ -37,6 +37,7 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
     let mut h = prologue(matrix, &regenerate, m, &variants);
     writeln!(h, "#define FLASHGEN_INSTANCE_URI \"{}\"", inst.uri).unwrap();
     writeln!(h, "#define FLASHGEN_DISPATCHING 0\n").unwrap();
+    h.push_str(&no_variant_params(m));
     for v in &variants {
         h.push_str(&variant_tag(&v.name, &v.struct_name));
     }
@@ -150,6 +151,7 @@ pub fn dispatch_header(
         )
         .unwrap();
     }
+    h.push_str(&no_variant_params(m));
     for (axis, values) in m.axes.iter().zip(&used) {
         let listed: Vec<String> = values.iter().map(|&i| axis.values[i].to_string()).collect();
         writeln!(
@@ -208,6 +210,16 @@ fn prologue(matrix: &Matrix, regenerate: &str, m: &Module, variants: &[&Variant]
     h.push_str(MISS_COUNTER);
     h.push('\n');
     h
+}
+
+/// A module without a variant axis still gets `ADDITIONAL_PARAMS_DECL`, empty: its kernels share
+/// flashgen/params.cuh, which needs the generated header first but no variant.
+fn no_variant_params(m: &Module) -> String {
+    if m.axes.iter().any(|a| a.kind == AxisKind::Variant) {
+        String::new()
+    } else {
+        "// no variant axis: no additional parameters\n#define ADDITIONAL_PARAMS_DECL\n\n".into()
+    }
 }
 
 fn uses_fp8(m: &Module) -> bool {

@@ -855,3 +855,34 @@ mod props {
         }
     }
 }
+
+/// A module without a variant axis still gets an (empty) `ADDITIONAL_PARAMS_DECL`, so the shared
+/// flashgen/params.cuh builds for it: params need no variant axis.
+#[test]
+fn a_module_without_a_variant_axis_declares_empty_additional_params() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
+    std::fs::create_dir_all(dir.path().join("include")).unwrap();
+    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
+    std::fs::write(
+        dir.path().join("variants.json"),
+        r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
+            "axes": [{"name": "head_dim", "type": "int", "values": [64]}]}}}"#,
+    )
+    .unwrap();
+    let o = assert_cmd::Command::cargo_bin("flashgen")
+        .unwrap()
+        .current_dir(dir.path())
+        .env("FLASHGEN_CACHE_DIR", dir.path().join(".cache"))
+        .args(["generate", "--out", "gen"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let header =
+        std::fs::read_to_string(dir.path().join("gen/m_head_dim_64/flashgen_instance.cuh"))
+            .unwrap();
+    assert!(
+        header.contains("#define ADDITIONAL_PARAMS_DECL\n"),
+        "{header}"
+    );
+}

@@ -86,7 +86,7 @@ inline int allow_smem(Kernel kernel, const DeviceInfo& dev, int bytes, std::atom
 /**
  * Launches `kernel`. A plain launch (cudaLaunchKernel) unless `dependent` (sm_90+), which makes it
  * a programmatic dependent launch, so that its launch overlaps the tail of the kernel before it
- * (which must be waited on in the kernel with griddepcontrol.wait; see merge.cuh). The launch's
+ * (which must be waited on in the kernel with griddepcontrol.wait; see decode/merge.cuh). The launch's
  * status is its return value; a failure also clears this runtime's sticky last error, so that a
  * later call does not report it again.
  */

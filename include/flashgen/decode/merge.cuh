@@ -3,14 +3,14 @@
  *
  * Softmax partials are normalized outputs with their base-2 LSE: out = sum_s 2^(lse_s - M) o_s /
  * sum_s 2^(lse_s - M). Non-softmax partials are plain sums and add up. The variant's
- * OutputTransform runs here, on the final value, as it does in decode.cuh for one split.
+ * OutputTransform runs here, on the final value, as it does in decode/kernel.cuh for one split.
  */
 #pragma once
 
 #include <cstdint>
 
-#include "flashgen/decode.cuh"
-#include "flashgen/decode_traits.cuh"
+#include "flashgen/decode/kernel.cuh"
+#include "flashgen/decode/traits.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
