@@ -11,7 +11,7 @@ use crate::matrix::Matrix;
 /// The filters shared by every command that acts on instances.
 #[derive(Debug, Clone, Default, Args)]
 pub struct FilterArgs {
-    /// Only instances of this module.
+    /// Only instances of this module (a name, or a shell-style glob such as `*_decode`).
     #[arg(long, value_name = "MODULE")]
     pub module: Option<String>,
     /// Only instances whose AXIS value matches VALUE, a shell-style glob (`head_dim=*6*`).
@@ -36,39 +36,44 @@ impl FilterArgs {
     /// The instances the filters select, in matrix order. A filter that names an unknown module
     /// or axis is a usage error; one that matches nothing is a [`NoMatch`].
     pub fn select<'m>(&self, matrix: &'m Matrix) -> Result<Vec<&'m Instance>> {
-        let module = match &self.module {
+        // `--module` is a name or a shell-style glob (`--module '*_decode'`).
+        let module: Option<Vec<usize>> = match &self.module {
             None => None,
-            Some(name) => Some(
-                matrix
-                    .modules
-                    .iter()
-                    .position(|m| &m.name == name)
-                    .ok_or_else(|| {
-                        let names: Vec<_> =
-                            matrix.modules.iter().map(|m| m.name.as_str()).collect();
-                        UsageError::new(format!(
-                            "--module: no module `{name}` in {}",
-                            matrix.config_path.display()
-                        ))
-                        .with_hint(format!("modules: {}", names.join(", ")))
-                    })?,
-            ),
+            Some(name) => {
+                let glob = Glob::new(name)
+                    .map_err(|e| UsageError::new(format!("--module `{name}`: bad glob: {e}")))?
+                    .compile_matcher();
+                let hits: Vec<usize> = (0..matrix.modules.len())
+                    .filter(|&i| glob.is_match(&matrix.modules[i].name))
+                    .collect();
+                if hits.is_empty() {
+                    let names: Vec<_> = matrix.modules.iter().map(|m| m.name.as_str()).collect();
+                    return Err(UsageError::new(format!(
+                        "--module: no module `{name}` in {}",
+                        matrix.config_path.display()
+                    ))
+                    .with_hint(format!("modules: {}", names.join(", ")))
+                    .into());
+                }
+                Some(hits)
+            }
         };
-        let in_scope = |i: &Instance| module.is_none_or(|m| i.module == m);
+        let scoped = |i: usize| module.as_ref().is_none_or(|ms| ms.contains(&i));
+        let in_scope = |i: &Instance| scoped(i.module);
         let terms = self.terms()?;
         for t in &terms {
             let known = matrix
                 .modules
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| module.is_none_or(|m| m == *i))
+                .filter(|(i, _)| scoped(*i))
                 .any(|(_, m)| m.axis(&t.axis).is_some());
             if !known {
                 let mut axes: Vec<&str> = matrix
                     .modules
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| module.is_none_or(|m| m == *i))
+                    .filter(|(i, _)| scoped(*i))
                     .flat_map(|(_, m)| m.axes.iter().map(|a| a.name.as_str()))
                     .collect();
                 axes.sort();
@@ -96,7 +101,7 @@ impl FilterArgs {
             .filter(|i| in_scope(i) && (!self.aot || i.aot) && terms.iter().all(|t| matches(i, t)))
             .collect();
         if selected.is_empty() && (self.aot || !terms.is_empty()) {
-            return Err(self.explain_no_match(matrix, module, &terms).into());
+            return Err(self.explain_no_match(matrix, &scoped, &terms).into());
         }
         Ok(selected)
     }
@@ -131,12 +136,17 @@ impl FilterArgs {
             .collect()
     }
 
-    fn explain_no_match(&self, matrix: &Matrix, module: Option<usize>, terms: &[Term]) -> NoMatch {
+    fn explain_no_match(
+        &self,
+        matrix: &Matrix,
+        scoped: &dyn Fn(usize) -> bool,
+        terms: &[Term],
+    ) -> NoMatch {
         let mut lines = vec!["no instance matches the filters".to_string()];
         for t in terms {
             let mut values: Vec<String> = Vec::new();
             for (i, m) in matrix.modules.iter().enumerate() {
-                if module.is_some_and(|mm| mm != i) {
+                if !scoped(i) {
                     continue;
                 }
                 if let Some(a) = m.axis(&t.axis) {

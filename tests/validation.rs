@@ -886,3 +886,34 @@ fn a_module_without_a_variant_axis_declares_empty_additional_params() {
         "{header}"
     );
 }
+
+/// `--module` takes a shell-style glob as `--where` does; one that matches no module names the
+/// modules that exist.
+#[test]
+fn module_filter_takes_globs() {
+    let run = |args: &[&str]| {
+        assert_cmd::Command::cargo_bin("flashgen")
+            .unwrap()
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("FLASHGEN_CACHE_DIR", tempfile::tempdir().unwrap().path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["list-variants", "--json", "--module", "*_decode"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let modules: std::collections::BTreeSet<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["module"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        modules.into_iter().collect::<Vec<_>>(),
+        ["batch_decode", "single_decode"]
+    );
+    let o = run(&["list-variants", "--module", "nope*"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("modules: single_decode, batch_decode"));
+}
