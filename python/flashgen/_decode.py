@@ -33,6 +33,7 @@ SINGLE_DECODE = Spec(
         "v_stride_n": Stride("v", "L"), "v_stride_h": Stride("v", "Hk"), "o_stride_h": Stride("o", "Hq"),
     },
     checks=(_op.gqa, _op.at_least("L", 1)),
+    options=_op.rope_options,
 )
 
 BATCH_DECODE = Spec(
@@ -56,6 +57,7 @@ BATCH_DECODE = Spec(
         "o_stride_b": Stride("o", "B"), "o_stride_h": Stride("o", "Hq"),
     },
     checks=(_op.gqa,),
+    options=_op.rope_options,
 )
 
 
@@ -96,9 +98,8 @@ def single_decode(
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``. Tensors may come from torch,
         cupy or any DLPack producer; outputs are allocated by ``q``'s framework.
     """
-    options = _op.rope_options("single_decode", pos_encoding, rope_theta, rope_scale)
-    return _op.call(SINGLE_DECODE, (q, k, v), out=out, kv_layout=kv_layout, variant=variant,
-                    sm_scale=sm_scale, return_lse=return_lse, options=options, variant_params=variant_params)
+    return _op.call(SINGLE_DECODE, (q, k, v), out, kv_layout, variant, sm_scale, return_lse,
+                    (pos_encoding, rope_theta, rope_scale), variant_params)
 
 
 def batch_decode(
@@ -134,7 +135,6 @@ def batch_decode(
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
-    return _op.call(BATCH_DECODE, (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len), out=out,
-                    kv_layout=kv_layout, variant=variant, sm_scale=sm_scale, return_lse=return_lse,
-                    options=_op.rope_options("batch_decode", pos_encoding, rope_theta, rope_scale),
-                    variant_params=variant_params)
+    tensors = (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)
+    return _op.call(BATCH_DECODE, tensors, out, kv_layout, variant, sm_scale, return_lse,
+                    (pos_encoding, rope_theta, rope_scale), variant_params)

@@ -68,6 +68,9 @@ class Spec(NamedTuple):
     axes: Mapping[str, str]  # axis -> a symbol, or "$dtype" / "$<option>"
     fields: Mapping[str, Any]  # struct field -> a symbol, a Stride, or a constant
     checks: tuple[Callable[[str, dict[str, int]], None], ...] = ()
+    # (what, *option values) -> the checked options (axes by "$name", struct fields by name); run
+    # on the checked path only, so the plan key holds the raw values.
+    options: Callable[..., dict[str, Any]] = lambda what: {}
     uses_layout: bool = True
 
 
@@ -243,31 +246,41 @@ _PLANS: dict[str, dict[tuple[Any, ...], Plan]] = {}
 _MAX_PLANS = 4096
 
 
-def _tkey(t: Any) -> Any:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
-
-
-def call(spec: Spec, tensors: Sequence[Any], *, out: Any, kv_layout: str, variant: str | Variant,
-         sm_scale: float | None, return_lse: bool, options: Mapping[str, Any],
+def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: str | Variant,
+         sm_scale: float | None, return_lse: bool, option_values: tuple[Any, ...],
          variant_params: dict[str, Any]) -> Any:
     """Validate, find the instance, launch. ``tensors`` are the values of ``spec.inputs`` in
-    order; ``options`` are the extra keyword options (``causal``, ``pos_encoding``, RoPE
-    parameters): each either chooses an axis (``"$name"`` in ``spec.axes``) or fills the struct
-    field of its name."""
-    plans = _PLANS.setdefault(spec.name, {})
+    order; ``option_values`` are the function's extra options (``causal``, ``pos_encoding``, RoPE
+    parameters) as ``spec.options`` takes them."""
+    plans = _PLANS.get(spec.name)
+    if plans is None:
+        plans = _PLANS[spec.name] = {}
     key = None
-    tt = torch_tensor_type()
-    if tt is not None and all(t.__class__ is tt or t is None for t in tensors) and (
-            out is None or out.__class__ is tt):
-        key = (tuple(_tkey(t) for t in tensors), _tkey(out), kv_layout, variant, sm_scale, return_lse,
-               tuple(options.items()), tuple(variant_params) if variant_params else ())
-        try:
-            plan = plans.get(key)
-        except TypeError:  # an unhashable argument: the checked path reports it
-            plan = key = None
-        if plan is not None:
-            return plan.run(out, 0 if out is None else out.data_ptr(), variant_params,
-                            *(0 if t is None else t.data_ptr() for t in tensors))
+    tt = _torch_type[0] if _torch_type else _torch_tensor_type()
+    if tt is not None and (out is None or out.__class__ is tt):
+        parts: list[Any] = []
+        ptrs: list[int] = []
+        add_part, add_ptr = parts.append, ptrs.append
+        for t in tensors:
+            if t.__class__ is tt:
+                add_part((t.shape, t.stride(), t.dtype, t.get_device()))
+                add_ptr(t.data_ptr())
+            elif t is None:
+                add_part(None)
+                add_ptr(0)
+            else:
+                break
+        else:
+            okey = None if out is None else (out.shape, out.stride(), out.dtype, out.get_device())
+            key = (tuple(parts), okey, kv_layout, variant, sm_scale, return_lse, option_values,
+                   tuple(variant_params) if variant_params else ())
+            try:
+                plan = plans.get(key)
+            except TypeError:  # an unhashable argument: the checked path reports it
+                plan = key = None
+            if plan is not None:
+                return plan.run(out, 0 if out is None else out.data_ptr(), variant_params, *ptrs)
+    options = spec.options(spec.name, *option_values)
     plan, ptrs, o_ptr, out = _plan(spec, tensors, out, kv_layout, variant, sm_scale, return_lse, options,
                                    variant_params)
     res = plan.run(out, o_ptr, variant_params, *ptrs)
@@ -276,6 +289,17 @@ def call(spec: Spec, tensors: Sequence[Any], *, out: Any, kv_layout: str, varian
             plans.clear()
         plans[key] = plan
     return res
+
+
+_torch_type: list[Any] = []
+
+
+def _torch_tensor_type() -> Any:
+    """torch.Tensor once torch is imported (remembered from then on), else None."""
+    tt = torch_tensor_type()
+    if tt is not None:
+        _torch_type.append(tt)
+    return tt
 
 
 def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: Any,
@@ -345,3 +369,4 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
 
 def _reset_for_tests() -> None:
     _PLANS.clear()
+    _torch_type.clear()

@@ -32,6 +32,12 @@ _PAGED = {"NHD": ("Np", "2", "P", "Hk", "D"), "HND": ("Np", "2", "Hk", "P", "D")
 _AXES = {"dtype": "$dtype", "head_dim": "D", "mask": "$mask", "pos_encoding": "$pos_encoding"}
 _OUT = {"o_stride_n": Stride("o", "Tq"), "o_stride_h": Stride("o", "Hq")}
 
+def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any) -> dict[str, Any]:
+    if not isinstance(causal, bool):
+        raise TypeError(f"{what}: causal must be True or False, got {causal!r}")
+    return {"mask": "causal" if causal else "none", **_op.rope_options(what, pos_encoding, rope_theta, rope_scale)}
+
+
 SINGLE_PREFILL = Spec(
     name="single_prefill",
     module="single_prefill",
@@ -46,6 +52,7 @@ SINGLE_PREFILL = Spec(
         "v_stride_n": Stride("v", "L"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa,),
+    options=_options,
 )
 
 _OFFSETS = (T("q_rope_offset", {"*": ("B",)}, kind="i32", optional=True),
@@ -67,6 +74,7 @@ BATCH_PREFILL = Spec(
         "v_stride_n": Stride("v", "Tk"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
+    options=_options,
 )
 
 BATCH_PREFILL_PAGED = Spec(
@@ -86,13 +94,8 @@ BATCH_PREFILL_PAGED = Spec(
         "kv_stride_n": Stride("paged_kv_cache", "P"), "kv_stride_h": Stride("paged_kv_cache", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
+    options=_options,
 )
-
-
-def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any) -> dict[str, Any]:
-    if not isinstance(causal, bool):
-        raise TypeError(f"{what}: causal must be True or False, got {causal!r}")
-    return {"mask": "causal" if causal else "none", **_op.rope_options(what, pos_encoding, rope_theta, rope_scale)}
 
 
 def single_prefill(
@@ -129,9 +132,8 @@ def single_prefill(
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
-    options = _options("single_prefill", causal, pos_encoding, rope_theta, rope_scale)
-    return _op.call(SINGLE_PREFILL, (q, k, v), out=out, kv_layout=kv_layout, variant=variant,
-                    sm_scale=sm_scale, return_lse=return_lse, options=options, variant_params=variant_params)
+    return _op.call(SINGLE_PREFILL, (q, k, v), out, kv_layout, variant, sm_scale, return_lse,
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
 
 
 def batch_prefill(
@@ -170,10 +172,9 @@ def batch_prefill(
     The launch reads the lengths on the device, so a call captured in a CUDA graph can be
     replayed with new lengths in the same tensors (same batch size and tensor shapes).
     """
-    options = _options("batch_prefill", causal, pos_encoding, rope_theta, rope_scale)
-    return _op.call(BATCH_PREFILL, (q, k, v, qo_indptr, kv_indptr, q_rope_offset, kv_rope_offset), out=out,
-                    kv_layout=kv_layout, variant=variant, sm_scale=sm_scale, return_lse=return_lse,
-                    options=options, variant_params=variant_params)
+    tensors = (q, k, v, qo_indptr, kv_indptr, q_rope_offset, kv_rope_offset)
+    return _op.call(BATCH_PREFILL, tensors, out, kv_layout, variant, sm_scale, return_lse,
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
 
 
 def batch_prefill_paged(
@@ -202,8 +203,7 @@ def batch_prefill_paged(
     packed along tokens as in ``batch_prefill``. Page table values are not checked (a device
     sync); others as in ``batch_prefill``.
     """
-    options = _options("batch_prefill_paged", causal, pos_encoding, rope_theta, rope_scale)
-    return _op.call(BATCH_PREFILL_PAGED, (q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-                                          q_rope_offset, kv_rope_offset), out=out, kv_layout=kv_layout,
-                    variant=variant, sm_scale=sm_scale, return_lse=return_lse, options=options,
-                    variant_params=variant_params)
+    tensors = (q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q_rope_offset,
+               kv_rope_offset)
+    return _op.call(BATCH_PREFILL_PAGED, tensors, out, kv_layout, variant, sm_scale, return_lse,
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
