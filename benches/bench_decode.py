@@ -45,6 +45,7 @@ _loaded = {}
 
 
 def instance(libs, module, **params):
+    params.setdefault("pos_encoding", "none")
     key = (module,) + tuple(sorted(params.items()))
     inst, path = libs[key]
     if path not in _loaded:
@@ -104,8 +105,9 @@ def batch_setup(batch, kv_len):
 def batch_call(lib, codes, variant, batch, st_setup):
     paged, indices, indptr, last, q, o, _ = st_setup
     st, keep = variant_args(variant)
-    ws_bytes = lib.workspace_size("batch_decode", BatchDecodeArgs(batch_size=batch, num_qo_heads=HQ,
-                                                                  num_kv_heads=HKV, head_dim=D))
+    ws_bytes = lib.workspace_size("batch_decode", BatchDecodeArgs(
+        batch_size=batch, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=PS,
+        dtype_code=codes["dtype"], variant_code=codes["variant"]))
     ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
     stream = torch.cuda.current_stream().cuda_stream
     args = BatchDecodeArgs(
@@ -226,8 +228,9 @@ def main():
         k = torch.randn(kv_len, HKV, D, device=DEV, dtype=DT)
         v = torch.randn_like(k)
         o = torch.empty_like(q)
-        ws_bytes = lib.workspace_size("single_decode", SingleDecodeArgs(num_qo_heads=HQ, num_kv_heads=HKV,
-                                                                        kv_len=kv_len, head_dim=D))
+        ws_bytes = lib.workspace_size("single_decode", SingleDecodeArgs(
+            num_qo_heads=HQ, num_kv_heads=HKV, kv_len=kv_len, head_dim=D, dtype_code=codes["dtype"],
+            variant_code=codes["variant"]))
         ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
         stream = torch.cuda.current_stream().cuda_stream
         args = SingleDecodeArgs(

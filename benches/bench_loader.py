@@ -93,8 +93,9 @@ def bench_overhead() -> None:
     lib = loaded.kernels
     from flashgen._kernels import SingleDecodeArgs
 
-    ws_bytes = lib.workspace_size("single_decode", SingleDecodeArgs(num_qo_heads=8, num_kv_heads=8, kv_len=16,
-                                                                    head_dim=128))
+    ws_bytes = lib.workspace_size("single_decode", SingleDecodeArgs(
+        num_qo_heads=8, num_kv_heads=8, kv_len=16, head_dim=128, dtype_code=loaded.codes["dtype"],
+        variant_code=loaded.codes["variant"]))
     ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     # The bare peer: the same entry point with a prepared arguments struct, so what it costs

@@ -209,33 +209,21 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* arg
     return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode_workspace_size: args or bytes is NULL");
   }
   const int64_t batch_size = args->batch_size, num_qo_heads = args->num_qo_heads;
-  const int64_t num_kv_heads = args->num_kv_heads, head_dim = args->head_dim;
+  const int64_t num_kv_heads = args->num_kv_heads;
   if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_head_dim(head_dim, kHeadDim, {
-    DISPATCH_pos_encoding(args->pos_encoding_code, kPos, {
-      if constexpr (kPos == prefill::kPosRopeLlama) {
-        DISPATCH_page_size(args->page_size, kPageSize, {
-          int64_t indptr_bytes = 0;
-          *bytes = rope_workspace<kHeadDim, kPageSize>(*args, dev, &indptr_bytes);
-          status = FLASHGEN_OK;
-        });
-      } else {
-        Plan plan;
-        make_plan<kHeadDim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
-        *bytes = plan.workspace;
-        status = FLASHGEN_OK;
-      }
-    });
+  const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
+    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
+      int64_t indptr_bytes = 0;
+      *bytes = rope_workspace<FG_head_dim, FG_page_size>(*args, dev, &indptr_bytes);
+    } else {
+      Plan plan;
+      make_plan<FG_head_dim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
+      *bytes = plan.workspace;
+    }
   });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "batch_decode: this binary holds no head_dim %lld / pos_encoding code %lld",
-                static_cast<long long>(head_dim), static_cast<long long>(args->pos_encoding_code));
-  }
-  return status;
+  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
 }
 
 extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
@@ -259,30 +247,15 @@ extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
   }
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_dtype(a.dtype_code, DType, {
-    DISPATCH_head_dim(a.head_dim, kHeadDim, {
-      DISPATCH_page_size(a.page_size, kPageSize, {
-        DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
-          DISPATCH_variant(a.variant_code, Tag, {
-            if constexpr (kPos == prefill::kPosRopeLlama) {
-              status = run_rope<DType, kHeadDim, kPageSize, Tag>(a, dev);
-            } else {
-              status = run<DType, kHeadDim, kPageSize, Tag>(a, dev);
-            }
-          });
-        });
-      });
-    });
+  int status = FLASHGEN_OK;
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
+    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
+      status = run_rope<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
+    } else {
+      status = run<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
+    }
   });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "batch_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
-                "page_size %lld, variant code %lld",
-                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
-                static_cast<long long>(a.page_size), static_cast<long long>(a.variant_code));
-  }
-  return status;
+  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 
 FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

@@ -165,30 +165,21 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* ar
     return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode_workspace_size: args or bytes is NULL");
   }
   const int64_t num_qo_heads = args->num_qo_heads, num_kv_heads = args->num_kv_heads;
-  const int64_t kv_len = args->kv_len, head_dim = args->head_dim;
+  const int64_t kv_len = args->kv_len;
   if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_head_dim(head_dim, kHeadDim, {
-    DISPATCH_pos_encoding(args->pos_encoding_code, kPos, {
-      if constexpr (kPos == prefill::kPosRopeLlama) {
-        *bytes = prefill::single_prefill_workspace_bytes<kHeadDim, kPos, half>(
-            1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
-      } else {
-        Plan plan;
-        make_plan<kHeadDim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
-        *bytes = plan.workspace;
-      }
-      status = FLASHGEN_OK;
-    });
+  const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
+    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
+      *bytes = prefill::single_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
+          1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
+    } else {
+      Plan plan;
+      make_plan<FG_head_dim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
+      *bytes = plan.workspace;
+    }
   });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "single_decode: this binary holds no head_dim %lld / pos_encoding code %lld",
-                static_cast<long long>(head_dim), static_cast<long long>(args->pos_encoding_code));
-  }
-  return status;
+  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
 }
 
 extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
@@ -208,28 +199,15 @@ extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
   }
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_dtype(a.dtype_code, DType, {
-    DISPATCH_head_dim(a.head_dim, kHeadDim, {
-      DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
-        DISPATCH_variant(a.variant_code, Tag, {
-          if constexpr (kPos == prefill::kPosRopeLlama) {
-            status = run_rope<DType, kHeadDim, Tag>(a, dev);
-          } else {
-            status = run<DType, kHeadDim, Tag>(a, dev);
-          }
-        });
-      });
-    });
+  int status = FLASHGEN_OK;
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
+    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
+      status = run_rope<FG_dtype, FG_head_dim, FG_variant>(a, dev);
+    } else {
+      status = run<FG_dtype, FG_head_dim, FG_variant>(a, dev);
+    }
   });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "single_decode: this binary holds no instance for dtype code %lld, head_dim %lld, "
-                "variant code %lld",
-                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
-                static_cast<long long>(a.variant_code));
-  }
-  return status;
+  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 
 FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

@@ -81,24 +81,11 @@ extern "C" FLASHGEN_API int flashgen_single_prefill_workspace_size(const Args* a
   if (int st = check_shape(a)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_dtype(a.dtype_code, DType, {
-    DISPATCH_head_dim(a.head_dim, kHeadDim, {
-      DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
-        *bytes = prefill::single_prefill_workspace_bytes<kHeadDim, kPos, DType>(
-            a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-        status = FLASHGEN_OK;
-      });
-    });
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
+    *bytes = prefill::single_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
+        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "single_prefill_workspace_size: this binary holds no instance for dtype code "
-                "%lld, head_dim %lld, pos_encoding code %lld",
-                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
-                static_cast<long long>(a.pos_encoding_code));
-  }
-  return status;
+  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 
 extern "C" FLASHGEN_API int flashgen_single_prefill(const Args* args) {
@@ -110,27 +97,9 @@ extern "C" FLASHGEN_API int flashgen_single_prefill(const Args* args) {
   if (int st = check_shape(a)) return st;
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
-  int status = -1;
-  DISPATCH_dtype(a.dtype_code, DType, {
-    DISPATCH_head_dim(a.head_dim, kHeadDim, {
-      DISPATCH_mask(a.mask_code, kMask, {
-        DISPATCH_pos_encoding(a.pos_encoding_code, kPos, {
-          DISPATCH_variant(a.variant_code, Tag, {
-            status = run<DType, kHeadDim, kMask, kPos, Tag>(a, dev);
-          });
-        });
-      });
-    });
-  });
-  if (status < 0) {
-    return fail(FLASHGEN_NO_INSTANCE,
-                "single_prefill: this binary holds no instance for dtype code %lld, head_dim "
-                "%lld, mask code %lld, pos_encoding code %lld, variant code %lld",
-                static_cast<long long>(a.dtype_code), static_cast<long long>(a.head_dim),
-                static_cast<long long>(a.mask_code), static_cast<long long>(a.pos_encoding_code),
-                static_cast<long long>(a.variant_code));
-  }
-  return status;
+  int status = FLASHGEN_OK;
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding, FG_variant>(a, dev); });
+  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 
 FLASHGEN_DEFINE_QUERY_ENTRY_POINT()

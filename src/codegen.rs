@@ -412,5 +412,44 @@ fn abi_section(m: &Module) -> String {
     )
     .unwrap();
     writeln!(h, "    return status; \\\n  }}\n").unwrap();
+    h.push_str(&dispatch_args(m));
     h
+}
+
+/// `FLASHGEN_DISPATCH_ARGS(a, BODY)`: dispatches over every axis with the runtime values the
+/// arguments struct `a` carries (`<axis>_code`, or an int axis's own field), binding each axis's
+/// compile-time value as `FG_<axis>` in BODY; a bool expression, true when this binary holds the
+/// combination. `FLASHGEN_FAIL_NO_INSTANCE(a)` returns the status with a message naming the
+/// values asked for. Entry points thus need no hand-written dispatch nest per module.
+fn dispatch_args(m: &Module) -> String {
+    let mut body = String::from("__VA_ARGS__");
+    for a in m.axes.iter().rev() {
+        body = format!(
+            "DISPATCH_{}((a).{}, FG_{}, {{ {body}; }})",
+            a.name,
+            crate::matrix::code_field(a),
+            a.name
+        );
+    }
+    let what: Vec<String> = m
+        .axes
+        .iter()
+        .map(|a| format!("{} %lld", crate::matrix::code_field(a)))
+        .collect();
+    let vals: Vec<String> = m
+        .axes
+        .iter()
+        .map(|a| {
+            format!(
+                "static_cast<long long>((a).{})",
+                crate::matrix::code_field(a)
+            )
+        })
+        .collect();
+    format!(
+        "#define FLASHGEN_DISPATCH_ARGS(a, ...) ({body})\n\n#define FLASHGEN_FAIL_NO_INSTANCE(a) \\\n  ::flashgen::fail(FLASHGEN_NO_INSTANCE, \"{}: this binary holds no instance for {}\", {})\n\n",
+        m.name,
+        what.join(", "),
+        vals.join(", ")
+    )
 }

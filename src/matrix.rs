@@ -300,7 +300,7 @@ impl Matrix {
                 check_name(e, &loc.field(&format!("entry_points[{i}]")))?;
             }
             let args = match &decl.args {
-                Some(a) => Some(check_args(a, &loc.field("args"))?),
+                Some(a) => Some(check_args(a, &axes, &loc.field("args"))?),
                 None => None,
             };
             let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
@@ -443,7 +443,11 @@ impl Located {
 /// A module's declared arguments: C identifiers, each once; types from the one table (plus
 /// `void` pointers, for tensors of any dtype), normalized; the per-call block made of 8-byte
 /// fields only (pointers and `int64_t`), so a caller rewrites it as one run of words.
-fn check_args(decl: &config::ArgsDecl, loc: &Located) -> Result<config::ArgsDecl, UsageError> {
+fn check_args(
+    decl: &config::ArgsDecl,
+    axes: &[Axis],
+    loc: &Located,
+) -> Result<config::ArgsDecl, UsageError> {
     let mut seen: Vec<String> = Vec::new();
     let mut out = decl.clone();
     for (part, fields) in [("call", &mut out.call), ("shape", &mut out.shape)] {
@@ -486,7 +490,27 @@ fn check_args(decl: &config::ArgsDecl, loc: &Located) -> Result<config::ArgsDecl
             f.c_type = spelled;
         }
     }
+    // Every axis's runtime value travels in a shape field, which the generated dispatch reads.
+    for a in axes {
+        let field = code_field(a);
+        if !out.shape.iter().any(|f| f.name == field) {
+            return Err(loc.field("shape").err(format!(
+                "axis `{}` needs a shape field `{field}` (int64_t) carrying its runtime value",
+                a.name
+            )));
+        }
+    }
     Ok(out)
+}
+
+/// The args field that carries an axis's runtime value: an `int` axis's own name (`head_dim`),
+/// else `<axis>_code`.
+pub fn code_field(axis: &Axis) -> String {
+    if axis.kind == AxisKind::Int {
+        axis.name.clone()
+    } else {
+        format!("{}_code", axis.name)
+    }
 }
 
 /// A name the generated header uses as a C identifier (module, axis, variant, entry point).

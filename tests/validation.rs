@@ -917,3 +917,34 @@ fn module_filter_takes_globs() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("modules: single_decode, batch_decode"));
 }
+
+/// A declared C ABI must carry every axis's runtime value (`<axis>_code`, or an int axis's own
+/// field): the generated dispatch reads them.
+#[test]
+fn declared_args_must_carry_every_axis() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
+    std::fs::create_dir_all(dir.path().join("include")).unwrap();
+    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
+    std::fs::write(
+        dir.path().join("variants.json"),
+        r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
+            "args": {"call": [{"name": "q", "type": "const void*"}],
+                     "shape": [{"name": "head_dim", "type": "int64_t"}]},
+            "axes": [{"name": "head_dim", "type": "int", "values": [64]},
+                     {"name": "mode", "type": "enum", "values": ["a", "b"]}]}}}"#,
+    )
+    .unwrap();
+    let o = assert_cmd::Command::cargo_bin("flashgen")
+        .unwrap()
+        .current_dir(dir.path())
+        .args(["list-variants"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("modules.m.args.shape") && err.contains("`mode_code`"),
+        "{err}"
+    );
+}

@@ -394,9 +394,9 @@ def test_single_decode_reuses_one_workspace(variant):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(11)
     hkv, h, d = 2, 8, 128
-    sizes = {n: lib.workspace_size("single_decode", SingleDecodeArgs(num_qo_heads=h, num_kv_heads=hkv, kv_len=n,
-                                                                     head_dim=d))
-             for n in (32768, 1000, 129)}
+    sizes = {n: lib.workspace_size("single_decode", SingleDecodeArgs(
+        num_qo_heads=h, num_kv_heads=hkv, kv_len=n, head_dim=d, dtype_code=codes["dtype"],
+        variant_code=codes["variant"])) for n in (32768, 1000, 129)}
     ws = torch.full((max(sizes.values()),), 255, dtype=torch.uint8, device=dev)
     for i, n in enumerate([32768, 32768, 1000, 32768, 129, 1000]):
         q = torch.randn(h, d, generator=gen, device=dev).to(torch.bfloat16)
