@@ -22,6 +22,7 @@
 #include "flashgen/params.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
+#include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/mask.cuh"
 #include "flashgen/prefill/rope.cuh"
@@ -68,8 +69,15 @@ struct Partials {
 
 template <typename Variant, typename Params>
 constexpr bool has_variant_mask() {
-  return hooks::has_logits_mask<Variant, Params>::value;
+  return has_own_logits_mask<Variant, Params>();
 }
+
+/** Softmax rescale threshold (log2 units): the running max used for exp2 is raised only when a
+ *  tile's max exceeds it by more than this (P <= 2^threshold otherwise; exact either way, the
+ *  final normalization uses the same reference). 0: rescale whenever the max grows. */
+#ifndef FLASHGEN_PREFILL_RESCALE_THRESHOLD
+#define FLASHGEN_PREFILL_RESCALE_THRESHOLD 8.0f
+#endif
 
 /**
  * The kernel. Params is one of the three prefill params structs; Sched maps block -> unit;
@@ -93,7 +101,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == kPosRopeLlama;
   constexpr bool kVarMask = has_variant_mask<Variant, Params>();
-  constexpr bool kVarLogits = hooks::has_logits_transform<Variant, Params>::value;
+  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>();
+  constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
 
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::wait_prerequisite_grid();  // prep / rope pre-pass (PDL on sm_90; no-op otherwise)
@@ -131,11 +140,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 
   // ---- kv tile range of this unit
   const KVTileRange range = kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
-  int32_t kt_begin = 0, kt_end = range.num_tiles;
+  // Tiles [t_lo, t_hi) are visited; [free_lo, free_hi) need no per-element mask.
+  int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
+  if constexpr (kBounds) {
+    int32_t lo_f, hi_f, lo_l, hi_l;
+    variant.MaskBounds(params, w.batch, uint32_t(first_token), lo_f, hi_f);
+    variant.MaskBounds(params, w.batch, uint32_t(last_token), lo_l, hi_l);
+    t_lo = max(lo_f, 0) / kTileKV;
+    t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
+    t_hi = max(t_hi, t_lo);
+    free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
+    free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
+  } else if constexpr (kVarMask) {
+    free_hi = 0;
+  }
+  int32_t kt_begin = t_lo, kt_end = t_hi;
   if (w.splits > 1) {
-    const int32_t per = (range.num_tiles + int32_t(w.splits) - 1) / int32_t(w.splits);
-    kt_begin = min(range.num_tiles, int32_t(w.chunk) * per);
-    kt_end = min(range.num_tiles, kt_begin + per);
+    const int32_t per = (t_hi - t_lo + int32_t(w.splits) - 1) / int32_t(w.splits);
+    kt_begin = min(t_hi, t_lo + int32_t(w.chunk) * per);
+    kt_end = min(t_hi, kt_begin + per);
   }
   const bool write_partial = w.splits > 1;
 
@@ -321,6 +344,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           const uint32_t p = p_lane + mq * 16 + 8 * h;
           const int32_t token = int32_t(p / G);
           const uint32_t qo_head = kv_head * G + p % G;
+          (void)qo_head;
           const int32_t diag = kv_len - qo_len + token;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
@@ -338,7 +362,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
               }
               if constexpr (kVarLogits) {
                 if (keep) {
-                  x = hooks::logits_transform(variant, params, x, w.batch, uint32_t(token),
+                  x = prefill::logits_transform(variant, params, x, w.batch, uint32_t(token),
                                               uint32_t(kv_idx), qo_head, kv_head);
                 }
               }
@@ -352,7 +376,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
     }
 
-    // ---- online softmax (base 2)
+    // ---- online softmax (base 2). m is the reference of O and l: raised lazily (threshold).
+    float tile_max[kMmaQ][2];
+    bool need_rescale = false;
+    (void)tile_max;
+    (void)need_rescale;
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
@@ -365,9 +393,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_ref = mx == -math::inf ? 0.f : mx;
-          const float scale = math::ptx_exp2(m[mq][h] - m_ref);
-          m[mq][h] = mx;
+          tile_max[mq][h] = mx;
+          need_rescale |= mx > m[mq][h] + float(FLASHGEN_PREFILL_RESCALE_THRESHOLD);
+        }
+      }
+    }
+    if constexpr (kSoftmax) {
+      // Warp-uniform: rescale O only when some row's max rose past the threshold.
+      if (__any_sync(0xffffffffu, need_rescale)) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float mx = tile_max[mq][h];
+            const float m_ref = mx == -math::inf ? 0.f : mx;
+            const float scale = math::ptx_exp2(m[mq][h] - m_ref);
+            m[mq][h] = mx;
+            l[mq][h] *= scale;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+              o[mq][dt][2 * h] *= scale;
+              o[mq][dt][2 * h + 1] *= scale;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kSoftmax) {
+          const float m_ref = m[mq][h] == -math::inf ? 0.f : m[mq][h];
           float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
@@ -375,12 +432,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
             s[mq][nt][2 * h + 1] = math::ptx_exp2(s[mq][nt][2 * h + 1] - m_ref);
             sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
           }
-          l[mq][h] = l[mq][h] * scale + sum;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mq][dt][2 * h] *= scale;
-            o[mq][dt][2 * h + 1] *= scale;
-          }
+          l[mq][h] += sum;
         } else {
           float sum = 0.f;
 #pragma unroll
@@ -437,12 +489,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     }
   };
 
-  const int32_t masked_from =
-      kVarMask ? kt_begin : min(kt_end, max(kt_begin, range.unmasked_tiles));
-  // Two loops (mask-free tiles, then the masked band) rather than one loop with a branch: the
-  // branch would keep the masked body's values live across the hot loop (measured: spills).
+  // Tiles in order: [kt_begin, free_a) masked (only with MaskBounds), [free_a, free_b) mask-free,
+  // [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
+  // keep the masked body's values live across the hot loop (measured: spills).
+  const int32_t free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
+  const int32_t free_b = min(kt_end, max(free_a, free_hi));
   int32_t kt = kt_begin;
-  for (; kt < masked_from; ++kt) step(kt, std::false_type{});
+  if constexpr (kBounds) {
+    for (; kt < free_a; ++kt) step(kt, std::true_type{});
+  }
+  for (; kt < free_b; ++kt) step(kt, std::false_type{});
   for (; kt < kt_end; ++kt) step(kt, std::true_type{});
   ptx::cp_async_wait<0>();
 

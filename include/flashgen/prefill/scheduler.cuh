@@ -81,6 +81,7 @@ inline int64_t single_splits(int64_t num_tiles, int64_t kv_len, int64_t split_un
 }
 
 constexpr int kPrepThreads = 512;
+constexpr int kPrepBuckets = 2048;  // cost buckets of the heavy-first order (batch, no split)
 
 template <int N>
 __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
@@ -99,13 +100,14 @@ __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
  * One block: per-request q tiles and kv tiles, the split decision, the exclusive scan of units
  * per request (into unit_start[batch + 1]) and the unit table [grid_units].
  */
-template <typename Traits, typename Params>
+template <typename Traits, int MASK, typename Params>
 __global__ void __launch_bounds__(kPrepThreads)
     prefill_prep_kernel(const __grid_constant__ Params params, uint32_t group_size,
                         uint32_t grid_units, uint32_t split_units, int32_t* unit_start,
                         int4* table) {
   __shared__ int64_t scratch[kPrepThreads / 32];
   __shared__ int64_t carry;
+  __shared__ int32_t bucket_pos[kPrepBuckets];
   ptx::wait_prerequisite_grid();
   ptx::launch_dependents();
   const uint32_t B = params.batch_size;
@@ -180,21 +182,81 @@ __global__ void __launch_bounds__(kPrepThreads)
   if (tid == 0) unit_start[B] = int32_t(carry);
   __syncthreads();
   const int64_t total_units = carry;
-  for (uint32_t u = tid; u < grid_units; u += kPrepThreads) {
-    int4 e = make_int4(-1, 0, 0, 0);
-    if (u < total_units) {
-      // last b with unit_start[b] <= u (skips requests with no units)
-      uint32_t lo = 0, hi = B - 1;
-      while (lo < hi) {
-        const uint32_t mid = (lo + hi + 1) / 2;
-        if (unit_start[mid] <= int32_t(u)) lo = mid; else hi = mid - 1;
-      }
-      const int64_t s = splits_of(lo);
-      const int64_t local = int64_t(u) - unit_start[lo];
-      const int64_t nt = q_tiles(lo);
-      e = make_int4(int(lo), int(nt - 1 - local / s), int(local % s), int(s));
+  auto unit_entry = [&](uint32_t u) -> int4 {
+    // last b with unit_start[b] <= u (skips requests with no units)
+    uint32_t lo = 0, hi = B - 1;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi + 1) / 2;
+      if (unit_start[mid] <= int32_t(u)) lo = mid; else hi = mid - 1;
     }
-    table[u] = e;
+    const int64_t s = splits_of(lo);
+    const int64_t local = int64_t(u) - unit_start[lo];
+    const int64_t nt = q_tiles(lo);
+    return make_int4(int(lo), int(nt - 1 - local / s), int(local % s), int(s));
+  };
+  if (chunk > 0) {
+    // Split: the merge reads the s_b chunks of a tile from consecutive slots: request order.
+    for (uint32_t u = tid; u < grid_units; u += kPrepThreads) {
+      table[u] = u < total_units ? unit_entry(u) : make_int4(-1, 0, 0, 0);
+    }
+    return;
+  }
+  // No split: heavy-first across requests (longest-processing-time order). A unit's cost is
+  // the kv tiles it visits; a counting sort over kPrepBuckets cost buckets, descending (ties in
+  // any order: every unit is independent).
+  const int64_t max_cost = std::max<int64_t>(max_kvt, 1);
+  auto bucket_of = [&](const int4 e) -> int32_t {
+    const int64_t qo = params.get_qo_len(uint32_t(e.x)), kv = params.get_kv_len(uint32_t(e.x));
+    const int64_t last_p = std::min<int64_t>(qo * group_size, int64_t(e.y + 1) * Traits::kTileQ) - 1;
+    int64_t end = kv;
+    if constexpr (MASK == kMaskCausal) {
+      end = std::min<int64_t>(kv, kv - qo + last_p / group_size + 1);
+    }
+    const int64_t cost = ceil_div64(std::max<int64_t>(end, 0), Traits::kTileKV);
+    return max_cost < kPrepBuckets ? int32_t(cost)
+                                   : int32_t(cost * (kPrepBuckets - 1) / max_cost);
+  };
+  for (int i = tid; i < kPrepBuckets; i += kPrepThreads) bucket_pos[i] = 0;
+  __syncthreads();
+  for (uint32_t u = tid; u < total_units; u += kPrepThreads) {
+    atomicAdd(&bucket_pos[bucket_of(unit_entry(u))], 1);
+  }
+  __syncthreads();
+  {
+    // Exclusive scan in descending bucket order: thread t owns reversed buckets [4t, 4t + 4).
+    constexpr int kPer = kPrepBuckets / kPrepThreads;
+    int32_t cnt[kPer];
+    int64_t mine_sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      cnt[j] = bucket_pos[kPrepBuckets - 1 - (int(tid) * kPer + j)];
+      mine_sum += cnt[j];
+    }
+    int64_t x = mine_sum;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int64_t y = __shfl_up_sync(~0u, x, off);
+      if ((tid & 31) >= uint32_t(off)) x += y;
+    }
+    __syncthreads();
+    if ((tid & 31) == 31) scratch[tid >> 5] = x;
+    __syncthreads();
+    int64_t off = x - mine_sum;
+    for (uint32_t w = 0; w < (tid >> 5); ++w) off += scratch[w];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      bucket_pos[kPrepBuckets - 1 - (int(tid) * kPer + j)] = int32_t(off);
+      off += cnt[j];
+    }
+  }
+  __syncthreads();
+  for (uint32_t u = tid; u < grid_units; u += kPrepThreads) {
+    if (u < total_units) {
+      const int4 e = unit_entry(u);
+      table[atomicAdd(&bucket_pos[bucket_of(e)], 1)] = e;
+    } else {
+      table[u] = make_int4(-1, 0, 0, 0);
+    }
   }
 }
 
