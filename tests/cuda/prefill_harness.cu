@@ -827,7 +827,7 @@ int main(int argc, char** argv) {
               prop.minor);
   using namespace prefill;
   constexpr int C = kMaskCausal, N = kMaskNone, R = kPosRopeLlama, Z = kPosNone;
-#ifdef PREFILL_D128_BENCH_ONLY
+#if defined(PREFILL_D128_BENCH_ONLY) || defined(PREFILL_BENCH_ONLY)
   tests = false;
 #else
   if (tests) {

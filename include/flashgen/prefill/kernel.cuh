@@ -127,6 +127,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   const uint32_t q_addr = ptx::smem_addr(q_smem);
   const uint32_t k_addr = ptx::smem_addr(kv_smem);
   const uint32_t v_addr = k_addr + Traits::kStages * Traits::kKVTileBytes;
+  // Token of each packed row, written at the Q load (a warp reads only its own rows): the
+  // masked tiles, the hooks and the epilogue read it instead of dividing by G (the head is
+  // kv_head * G + p - token * G).
+  int32_t* row_token =
+      reinterpret_cast<int32_t*>(kv_smem + 2 * Traits::kStages * Traits::kKVTileBytes);
 
   Variant variant(params, w.batch, variant_smem);
 
@@ -225,7 +230,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     constexpr int kUnits = Traits::kWarpRows * kHalf;
     rope::LlamaRope rp;
     if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
-#pragma unroll 2
+    // Fully unrolled: all of a lane's 16-byte loads are in flight at once (was unroll 2: one
+    // memory latency per 4 loads).
+#pragma unroll
     for (int it = 0; it < kUnits / 32; ++it) {
       const uint32_t idx = it * 32 + lane;
       const uint32_t r = warp_row0 + idx / kHalf;
@@ -233,6 +240,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t p = p0 + r;
       const int32_t token = int32_t(p / G);
       const uint32_t head = kv_head * G + p % G;
+      if (c == 0) row_token[r] = token;
       float lo[8], hi[8];
       if (token < qo_len) {
         const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
@@ -241,8 +249,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
         if constexpr (kRope) {
           const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) rope::rotate_pair(lo[j], hi[j], pos, rp.freq(c * 8 + j, kD));
+          rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -260,9 +267,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   }
 
   // Packed row of this thread's fragment row (mq, h): p0 + warp_row0 + mq*16 + group + 8h.
-  // Tokens and heads are recomputed where needed (masked tiles, hooks, epilogue) rather than
-  // held in registers across the loop.
-  const uint32_t p_lane = p0 + warp_row0 + group;
+  // Tokens (row_token) and heads are read where needed (masked tiles, hooks, epilogue) rather
+  // than held in registers across the loop.
 
   float o[kMmaQ][kDT][4];
   float m[kMmaQ][2], l[kMmaQ][2];
@@ -341,9 +347,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t p = p_lane + mq * 16 + 8 * h;
-          const int32_t token = int32_t(p / G);
-          const uint32_t qo_head = kv_head * G + p % G;
+          const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
+          const int32_t token = row_token[r];
+          const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
           (void)qo_head;
           const int32_t diag = kv_len - qo_len + token;
 #pragma unroll
@@ -545,9 +551,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
       const float lv = l[mq][h];
       const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
-      const uint32_t p = p_lane + mq * 16 + 8 * h;
-      const int32_t token = int32_t(p / G);
-      const uint32_t qo_head = kv_head * G + p % G;
+      const int32_t token = row_token[r];
+      const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         float y0 = o[mq][dt][2 * h] * inv, y1 = o[mq][dt][2 * h + 1] * inv;
