@@ -172,9 +172,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // ---- K/V copies: thread copies chunk tid % kChunks of rows tid / kChunks + i * kCopyRows
   const uint32_t copy_chunk = tid % kChunks;
   const uint32_t copy_row0 = tid / kChunks;
-  int32_t pages[Traits::kCopiesPerThread];
+  // Paged, tiles made of whole pages and pages of whole copy strides: a thread's rows
+  // copy_row0 + i * kCopyRows fall in page i / kRowsPerPage of the tile at the same in-page row
+  // for each i % kRowsPerPage, so it looks up kTileKV / PAGE_SIZE pages per tile (not one per
+  // row) and forms addresses from loop-invariant row offsets.
+  constexpr bool kPageFast = decltype(kv)::kPaged && kTileKV % PAGE_SIZE == 0 &&
+                             PAGE_SIZE % Traits::kCopyRows == 0;
+  constexpr int kRowsPerPage = kPageFast ? PAGE_SIZE / Traits::kCopyRows : 1;
+  constexpr int kPagesPT = kPageFast ? kTileKV / PAGE_SIZE : Traits::kCopiesPerThread;
+  int32_t pages[kPagesPT];
   auto load_pages = [&](int32_t kt) {
-    if constexpr (decltype(kv)::kPaged) {
+    if constexpr (kPageFast) {
+#pragma unroll
+      for (int j = 0; j < kPagesPT; ++j) {
+        const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
+        pages[j] = (kt < kt_end && pos < kv_len) ? kv.page(uint32_t(pos)) : 0;
+      }
+    } else if constexpr (decltype(kv)::kPaged) {
 #pragma unroll
       for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
         const int32_t pos = kt * kTileKV + int32_t(copy_row0 + i * Traits::kCopyRows);
@@ -191,7 +205,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
       const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kKVTileBytes + copy_dst;
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
-      if constexpr (decltype(kv)::kPaged) {
+      if constexpr (kPageFast) {
+#pragma unroll
+        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+          const int32_t pos = pos0 + i * Traits::kCopyRows;
+          const bool valid = pos < kv_len;
+          const DTypeKV* src;
+          if (!is_v && decltype(kv)::kKDense) {
+            src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
+          } else {
+            src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
+                  (is_v ? kv.stride_kv : 0) +
+                  int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
+          }
+          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                           valid ? 16u : 0u);
+        }
+      } else if constexpr (decltype(kv)::kPaged) {
 #pragma unroll
         for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
           const int32_t pos = pos0 + i * Traits::kCopyRows;
