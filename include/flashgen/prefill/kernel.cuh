@@ -22,6 +22,7 @@
 #include "flashgen/params.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
+#include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/mask.cuh"
 #include "flashgen/prefill/rope.cuh"
@@ -68,8 +69,15 @@ struct Partials {
 
 template <typename Variant, typename Params>
 constexpr bool has_variant_mask() {
-  return hooks::has_logits_mask<Variant, Params>::value;
+  return has_own_logits_mask<Variant, Params>();
 }
+
+/** Softmax rescale threshold (log2 units): the running max used for exp2 is raised only when a
+ *  tile's max exceeds it by more than this (P <= 2^threshold otherwise; exact either way, the
+ *  final normalization uses the same reference). 0: rescale whenever the max grows. */
+#ifndef FLASHGEN_PREFILL_RESCALE_THRESHOLD
+#define FLASHGEN_PREFILL_RESCALE_THRESHOLD 8.0f
+#endif
 
 /**
  * The kernel. Params is one of the three prefill params structs; Sched maps block -> unit;
@@ -93,7 +101,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == kPosRopeLlama;
   constexpr bool kVarMask = has_variant_mask<Variant, Params>();
-  constexpr bool kVarLogits = hooks::has_logits_transform<Variant, Params>::value;
+  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>();
+  constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
 
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::wait_prerequisite_grid();  // prep / rope pre-pass (PDL on sm_90; no-op otherwise)
@@ -118,6 +127,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   const uint32_t q_addr = ptx::smem_addr(q_smem);
   const uint32_t k_addr = ptx::smem_addr(kv_smem);
   const uint32_t v_addr = k_addr + Traits::kStages * Traits::kKVTileBytes;
+  // Token of each packed row, written at the Q load (a warp reads only its own rows): the
+  // masked tiles, the hooks and the epilogue read it instead of dividing by G (the head is
+  // kv_head * G + p - token * G).
+  int32_t* row_token =
+      reinterpret_cast<int32_t*>(kv_smem + 2 * Traits::kStages * Traits::kKVTileBytes);
 
   Variant variant(params, w.batch, variant_smem);
 
@@ -131,11 +145,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 
   // ---- kv tile range of this unit
   const KVTileRange range = kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
-  int32_t kt_begin = 0, kt_end = range.num_tiles;
+  // Tiles [t_lo, t_hi) are visited; [free_lo, free_hi) need no per-element mask.
+  int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
+  if constexpr (kBounds) {
+    int32_t lo_f, hi_f, lo_l, hi_l;
+    variant.MaskBounds(params, w.batch, uint32_t(first_token), lo_f, hi_f);
+    variant.MaskBounds(params, w.batch, uint32_t(last_token), lo_l, hi_l);
+    t_lo = max(lo_f, 0) / kTileKV;
+    t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
+    t_hi = max(t_hi, t_lo);
+    free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
+    free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
+  } else if constexpr (kVarMask) {
+    free_hi = 0;
+  }
+  int32_t kt_begin = t_lo, kt_end = t_hi;
   if (w.splits > 1) {
-    const int32_t per = (range.num_tiles + int32_t(w.splits) - 1) / int32_t(w.splits);
-    kt_begin = min(range.num_tiles, int32_t(w.chunk) * per);
-    kt_end = min(range.num_tiles, kt_begin + per);
+    const int32_t per = (t_hi - t_lo + int32_t(w.splits) - 1) / int32_t(w.splits);
+    kt_begin = min(t_hi, t_lo + int32_t(w.chunk) * per);
+    kt_end = min(t_hi, kt_begin + per);
   }
   const bool write_partial = w.splits > 1;
 
@@ -144,9 +172,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // ---- K/V copies: thread copies chunk tid % kChunks of rows tid / kChunks + i * kCopyRows
   const uint32_t copy_chunk = tid % kChunks;
   const uint32_t copy_row0 = tid / kChunks;
-  int32_t pages[Traits::kCopiesPerThread];
+  // Paged, tiles made of whole pages and pages of whole copy strides: a thread's rows
+  // copy_row0 + i * kCopyRows fall in page i / kRowsPerPage of the tile at the same in-page row
+  // for each i % kRowsPerPage, so it looks up kTileKV / PAGE_SIZE pages per tile (not one per
+  // row) and forms addresses from loop-invariant row offsets.
+  constexpr bool kPageFast = decltype(kv)::kPaged && kTileKV % PAGE_SIZE == 0 &&
+                             PAGE_SIZE % Traits::kCopyRows == 0;
+  constexpr int kRowsPerPage = kPageFast ? PAGE_SIZE / Traits::kCopyRows : 1;
+  constexpr int kPagesPT = kPageFast ? kTileKV / PAGE_SIZE : Traits::kCopiesPerThread;
+  int32_t pages[kPagesPT];
   auto load_pages = [&](int32_t kt) {
-    if constexpr (decltype(kv)::kPaged) {
+    if constexpr (kPageFast) {
+#pragma unroll
+      for (int j = 0; j < kPagesPT; ++j) {
+        const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
+        pages[j] = (kt < kt_end && pos < kv_len) ? kv.page(uint32_t(pos)) : 0;
+      }
+    } else if constexpr (decltype(kv)::kPaged) {
 #pragma unroll
       for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
         const int32_t pos = kt * kTileKV + int32_t(copy_row0 + i * Traits::kCopyRows);
@@ -163,7 +205,23 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
       const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kKVTileBytes + copy_dst;
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
-      if constexpr (decltype(kv)::kPaged) {
+      if constexpr (kPageFast) {
+#pragma unroll
+        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+          const int32_t pos = pos0 + i * Traits::kCopyRows;
+          const bool valid = pos < kv_len;
+          const DTypeKV* src;
+          if (!is_v && decltype(kv)::kKDense) {
+            src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
+          } else {
+            src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
+                  (is_v ? kv.stride_kv : 0) +
+                  int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
+          }
+          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                           valid ? 16u : 0u);
+        }
+      } else if constexpr (decltype(kv)::kPaged) {
 #pragma unroll
         for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
           const int32_t pos = pos0 + i * Traits::kCopyRows;
@@ -202,7 +260,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     constexpr int kUnits = Traits::kWarpRows * kHalf;
     rope::LlamaRope rp;
     if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
-#pragma unroll 2
+    // Fully unrolled: all of a lane's 16-byte loads are in flight at once (was unroll 2: one
+    // memory latency per 4 loads).
+#pragma unroll
     for (int it = 0; it < kUnits / 32; ++it) {
       const uint32_t idx = it * 32 + lane;
       const uint32_t r = warp_row0 + idx / kHalf;
@@ -210,6 +270,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t p = p0 + r;
       const int32_t token = int32_t(p / G);
       const uint32_t head = kv_head * G + p % G;
+      if (c == 0) row_token[r] = token;
       float lo[8], hi[8];
       if (token < qo_len) {
         const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
@@ -218,8 +279,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
         if constexpr (kRope) {
           const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) rope::rotate_pair(lo[j], hi[j], pos, rp.freq(c * 8 + j, kD));
+          rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -237,9 +297,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   }
 
   // Packed row of this thread's fragment row (mq, h): p0 + warp_row0 + mq*16 + group + 8h.
-  // Tokens and heads are recomputed where needed (masked tiles, hooks, epilogue) rather than
-  // held in registers across the loop.
-  const uint32_t p_lane = p0 + warp_row0 + group;
+  // Tokens (row_token) and heads are read where needed (masked tiles, hooks, epilogue) rather
+  // than held in registers across the loop.
 
   float o[kMmaQ][kDT][4];
   float m[kMmaQ][2], l[kMmaQ][2];
@@ -318,9 +377,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t p = p_lane + mq * 16 + 8 * h;
-          const int32_t token = int32_t(p / G);
-          const uint32_t qo_head = kv_head * G + p % G;
+          const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
+          const int32_t token = row_token[r];
+          const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
+          (void)qo_head;
           const int32_t diag = kv_len - qo_len + token;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
@@ -338,7 +398,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
               }
               if constexpr (kVarLogits) {
                 if (keep) {
-                  x = hooks::logits_transform(variant, params, x, w.batch, uint32_t(token),
+                  x = prefill::logits_transform(variant, params, x, w.batch, uint32_t(token),
                                               uint32_t(kv_idx), qo_head, kv_head);
                 }
               }
@@ -352,7 +412,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
     }
 
-    // ---- online softmax (base 2)
+    // ---- online softmax (base 2). m is the reference of O and l: raised lazily (threshold).
+    float tile_max[kMmaQ][2];
+    bool need_rescale = false;
+    (void)tile_max;
+    (void)need_rescale;
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
@@ -365,9 +429,38 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_ref = mx == -math::inf ? 0.f : mx;
-          const float scale = math::ptx_exp2(m[mq][h] - m_ref);
-          m[mq][h] = mx;
+          tile_max[mq][h] = mx;
+          need_rescale |= mx > m[mq][h] + float(FLASHGEN_PREFILL_RESCALE_THRESHOLD);
+        }
+      }
+    }
+    if constexpr (kSoftmax) {
+      // Warp-uniform: rescale O only when some row's max rose past the threshold.
+      if (__any_sync(0xffffffffu, need_rescale)) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float mx = tile_max[mq][h];
+            const float m_ref = mx == -math::inf ? 0.f : mx;
+            const float scale = math::ptx_exp2(m[mq][h] - m_ref);
+            m[mq][h] = mx;
+            l[mq][h] *= scale;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+              o[mq][dt][2 * h] *= scale;
+              o[mq][dt][2 * h + 1] *= scale;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kSoftmax) {
+          const float m_ref = m[mq][h] == -math::inf ? 0.f : m[mq][h];
           float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
@@ -375,12 +468,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
             s[mq][nt][2 * h + 1] = math::ptx_exp2(s[mq][nt][2 * h + 1] - m_ref);
             sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
           }
-          l[mq][h] = l[mq][h] * scale + sum;
-#pragma unroll
-          for (int dt = 0; dt < kDT; ++dt) {
-            o[mq][dt][2 * h] *= scale;
-            o[mq][dt][2 * h + 1] *= scale;
-          }
+          l[mq][h] += sum;
         } else {
           float sum = 0.f;
 #pragma unroll
@@ -437,12 +525,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     }
   };
 
-  const int32_t masked_from =
-      kVarMask ? kt_begin : min(kt_end, max(kt_begin, range.unmasked_tiles));
-  // Two loops (mask-free tiles, then the masked band) rather than one loop with a branch: the
-  // branch would keep the masked body's values live across the hot loop (measured: spills).
+  // Tiles in order: [kt_begin, free_a) masked (only with MaskBounds), [free_a, free_b) mask-free,
+  // [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
+  // keep the masked body's values live across the hot loop (measured: spills).
+  const int32_t free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
+  const int32_t free_b = min(kt_end, max(free_a, free_hi));
   int32_t kt = kt_begin;
-  for (; kt < masked_from; ++kt) step(kt, std::false_type{});
+  if constexpr (kBounds) {
+    for (; kt < free_a; ++kt) step(kt, std::true_type{});
+  }
+  for (; kt < free_b; ++kt) step(kt, std::false_type{});
   for (; kt < kt_end; ++kt) step(kt, std::true_type{});
   ptx::cp_async_wait<0>();
 
@@ -489,9 +581,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
       const float lv = l[mq][h];
       const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
-      const uint32_t p = p_lane + mq * 16 + 8 * h;
-      const int32_t token = int32_t(p / G);
-      const uint32_t qo_head = kv_head * G + p % G;
+      const int32_t token = row_token[r];
+      const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         float y0 = o[mq][dt][2 * h] * inv, y1 = o[mq][dt][2 * h + 1] * inv;

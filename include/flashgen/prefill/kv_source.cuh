@@ -82,6 +82,7 @@ struct DenseKV {
 template <typename T, int PAGE_SIZE, bool K_DENSE>
 struct PagedKVSource {
   static constexpr bool kPaged = true;
+  static constexpr bool kKDense = K_DENSE;
   const T* base;         // paged_kv + kv_head * stride_h
   const int32_t* pages;  // kv_indices + kv_indptr[b]
   int64_t stride_page, stride_kv, stride_n;

@@ -234,7 +234,7 @@ struct RopeFn {
 };
 
 /** Shared by the ragged and paged launches once the kind-specific kernels are chosen. */
-template <typename Traits, typename Tag, typename Params, typename Main, typename Merge>
+template <typename Traits, int MASK, typename Tag, typename Params, typename Main, typename Merge>
 int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout& L, void* ws,
                         const DeviceInfo& dev, cudaStream_t stream, Main main, Merge merge,
                         typename RopeFn<Params>::type rope_kernel,
@@ -245,7 +245,7 @@ int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout
   int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
   int4* table = reinterpret_cast<int4*>(base + L.table_off);
   const uint32_t G = p.num_qo_heads / p.num_kv_heads;
-  if (int st = launch("batch_prefill prep kernel", prefill_prep_kernel<Traits, Params>, dim3(1),
+  if (int st = launch("batch_prefill prep kernel", prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
                       kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
                       uint32_t(L.split_units), unit_start, table)) {
     return st;
@@ -296,9 +296,9 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   auto merge = prefill_merge_kernel<Traits, Variant, Params, BatchSched>;
   if constexpr (POS == kPosRopeLlama) {
     auto rk = rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType, typename Params::DTypeO>;
-    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
+    return launch_batch_common<Traits, MASK, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
   } else {
-    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
+    return launch_batch_common<Traits, MASK, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
   }
 }
 
@@ -334,9 +334,9 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   if constexpr (POS == kPosRopeLlama) {
     auto rk = rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
                                   typename Params::DTypeO>;
-    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
+    return launch_batch_common<Traits, MASK, Tag>(what, p, L, ws, dev, stream, main, merge, rk, kv_rows);
   } else {
-    return launch_batch_common<Traits, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
+    return launch_batch_common<Traits, MASK, Tag>(what, p, L, ws, dev, stream, main, merge, nullptr, 0);
   }
 }
 

@@ -46,6 +46,42 @@ __device__ __forceinline__ void rotate_pair(float& lo, float& hi, float pos, flo
 }
 
 /**
+ * Prefill's rotation (FLASHGEN_PREFILL_FAST_ROPE, default on): the angle pos * freq is reduced
+ * in half-turns, x = pos * (freq / pi), r = x - 2 rint(x / 2) in [-1, 1] (exact), then one
+ * MUFU sin and cos of pi r (absolute error ~2^-21 on [-pi, pi]). The fp32 rounding of x is the
+ * same order as that of pos * freq in rotate_pair (both ~pos * 2^-24 radians).
+ */
+__device__ __forceinline__ void rotate_pair_fast(float& lo, float& hi, float pos,
+                                                 float freq_over_pi) {
+  const float x = pos * freq_over_pi;
+  const float r = fmaf(-2.f, rintf(0.5f * x), x);
+  float s, c;
+  __sincosf(3.14159265358979f * r, &s, &c);
+  const float a = lo * c - hi * s;
+  const float b = hi * c + lo * s;
+  lo = a;
+  hi = b;
+}
+
+#ifndef FLASHGEN_PREFILL_FAST_ROPE
+#define FLASHGEN_PREFILL_FAST_ROPE 1
+#endif
+
+/** The prefill call sites: 8 consecutive pairs i0..i0+7 of a head of D dims. */
+template <int D>
+__device__ __forceinline__ void rotate8(float (&lo)[8], float (&hi)[8], float pos, int i0,
+                                        const LlamaRope& r) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#if FLASHGEN_PREFILL_FAST_ROPE
+    rotate_pair_fast(lo[j], hi[j], pos, r.freq(i0 + j, D) * 0.318309886183791f);
+#else
+    rotate_pair(lo[j], hi[j], pos, r.freq(i0 + j, D));
+#endif
+  }
+}
+
+/**
  * Decode helper: rotates a whole head held as floats, x[0..D) (e.g. a query row in registers or
  * shared memory, one thread per head or strided over threads by the caller).
  */

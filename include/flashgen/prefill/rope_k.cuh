@@ -38,8 +38,7 @@ __device__ __forceinline__ void rope_row(const T* src, T* dst, float pos, const 
   float lo[8], hi[8];
   unpack8<T>(*reinterpret_cast<const uint4*>(src + c * 8), lo);
   unpack8<T>(*reinterpret_cast<const uint4*>(src + D / 2 + c * 8), hi);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) rope::rotate_pair(lo[j], hi[j], pos, rp.freq(c * 8 + j, D));
+  rope::rotate8<D>(lo, hi, pos, int(c * 8), rp);
   *reinterpret_cast<uint4*>(dst + c * 8) = pack8<T>(lo);
   *reinterpret_cast<uint4*>(dst + D / 2 + c * 8) = pack8<T>(hi);
 }

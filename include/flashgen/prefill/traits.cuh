@@ -75,7 +75,9 @@ struct PrefillTraits {
   static constexpr int kVariantSmemBytes = 256;
   static constexpr int kQSmemBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVTileBytes = kTileKV * kHeadDim * 2;
-  static constexpr int kSmemBytes = kVariantSmemBytes + kQSmemBytes + 2 * kStages * kKVTileBytes;
+  static constexpr int kRowInfoBytes = kTileQ * 4;  // token of each packed row
+  static constexpr int kSmemBytes =
+      kVariantSmemBytes + kQSmemBytes + 2 * kStages * kKVTileBytes + kRowInfoBytes;
   static_assert(kThreads % kChunks == 0 && kTileKV % kCopyRows == 0, "copy layout");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "fragments come in pairs");
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");

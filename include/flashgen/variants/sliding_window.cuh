@@ -24,4 +24,14 @@ struct SlidingWindow : DefaultAttention<ParamsT_> {
     const int64_t q_pos = q_pos_base + qo_idx;
     return int64_t(kv_idx) <= q_pos && (window_left < 0 || int64_t(kv_idx) + window_left >= q_pos);
   }
+
+  /** LogitsMask keeps exactly lo <= kv <= hi (prefill/hooks.cuh: tiles outside are skipped,
+   *  tiles inside run mask-free). */
+  __device__ __forceinline__ void MaskBounds(const ParamsT&, uint32_t, uint32_t qo_idx, int32_t& lo,
+                                             int32_t& hi) {
+    const int64_t q_pos = q_pos_base + qo_idx;
+    hi = int32_t(q_pos);
+    const int64_t lo64 = window_left < 0 ? 0 : q_pos - window_left;
+    lo = lo64 < 0 ? 0 : int32_t(lo64);
+  }
 };

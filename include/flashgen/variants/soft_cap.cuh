@@ -30,4 +30,12 @@ struct LogitsSoftCap : AttentionVariantBase<ParamsT_> {
                                                uint32_t, uint32_t, uint32_t) {
     return cap_log2e > 0.f ? cap_log2e * math::tanh(logits) : logits;
   }
+
+  /** Prefill's form (prefill/hooks.cuh): one MUFU tanh.approx per logit (rel. error ~2^-11);
+   *  decode keeps the accurate LogitsTransform above. */
+  template <typename T>
+  __device__ __forceinline__ T LogitsTransformPrefill(const ParamsT&, T logits, uint32_t, uint32_t,
+                                                      uint32_t, uint32_t, uint32_t) {
+    return cap_log2e > 0.f ? cap_log2e * math::ptx_tanh(logits) : logits;
+  }
 };

@@ -1,0 +1,88 @@
+/**
+ * @brief Prefill-only views of a variant's hooks (decode keeps flashgen/variant_hooks.cuh as is).
+ *
+ *  - `has_own_logits_mask` / `has_own_logits_transform`: the hook exists and is not the identity
+ *    inherited from AttentionVariantBase. variant_hooks.cuh detects any callable hook, and the
+ *    base class defines all of them, so every variant deriving from the base looked masked:
+ *    every kv tile took the per-element mask path and the mask-free loop never ran (measured
+ *    before this header: the one loop of the causal d128 kernel carried ~170 ISETP/FSEL/SEL per
+ *    tile).
+ *  - `LogitsTransformPrefill` (optional, same signature as LogitsTransform): a cheaper form the
+ *    prefill kernel calls instead when present (soft_cap: tanh.approx; decode keeps the accurate
+ *    LogitsTransform, whose LSE bound is 5e-5).
+ *  - `MaskBounds(params, batch_idx, qo_idx, int32_t& lo, int32_t& hi)` (optional): the variant's
+ *    LogitsMask keeps key kv for query qo exactly when lo <= kv <= hi, with lo and hi
+ *    nondecreasing in qo. The kernel then visits only kv tiles that intersect [lo(first query),
+ *    hi(last query)] and runs tiles inside [lo(last), hi(first)] mask-free (sliding window).
+ */
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "flashgen/variant.cuh"
+#include "flashgen/variant_hooks.cuh"
+
+namespace flashgen {
+namespace prefill {
+
+template <typename V, typename P, typename = void>
+struct logits_mask_is_base : std::false_type {};
+template <typename V, typename P>
+struct logits_mask_is_base<V, P, std::void_t<decltype(&V::LogitsMask)>>
+    : std::is_same<decltype(&V::LogitsMask), decltype(&AttentionVariantBase<P>::LogitsMask)> {};
+
+template <typename V, typename P, typename = void>
+struct logits_transform_is_base : std::false_type {};
+template <typename V, typename P>
+struct logits_transform_is_base<V, P,
+                                std::void_t<decltype(&V::template LogitsTransform<float>)>>
+    : std::is_same<decltype(&V::template LogitsTransform<float>),
+                   decltype(&AttentionVariantBase<P>::template LogitsTransform<float>)> {};
+
+template <typename V, typename P>
+constexpr bool has_own_logits_mask() {
+  return hooks::has_logits_mask<V, P>::value && !logits_mask_is_base<V, P>::value;
+}
+
+template <typename V, typename P, typename = void>
+struct has_logits_transform_prefill : std::false_type {};
+template <typename V, typename P>
+struct has_logits_transform_prefill<
+    V, P,
+    std::void_t<decltype(std::declval<V&>().LogitsTransformPrefill(
+        std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()))>>
+    : std::true_type {};
+
+template <typename V, typename P>
+constexpr bool has_own_logits_transform() {
+  return has_logits_transform_prefill<V, P>::value ||
+         (hooks::has_logits_transform<V, P>::value && !logits_transform_is_base<V, P>::value);
+}
+
+template <typename V, typename P, typename = void>
+struct has_mask_bounds : std::false_type {};
+template <typename V, typename P>
+struct has_mask_bounds<V, P,
+                       std::void_t<decltype(std::declval<V&>().MaskBounds(
+                           std::declval<const P&>(), uint32_t(), uint32_t(),
+                           std::declval<int32_t&>(), std::declval<int32_t&>()))>>
+    : std::true_type {};
+
+template <typename V, typename P>
+__device__ __forceinline__ float logits_transform(V& v, const P& params, float logits,
+                                                  uint32_t batch_idx, uint32_t qo_idx,
+                                                  uint32_t kv_idx, uint32_t qo_head_idx,
+                                                  uint32_t kv_head_idx) {
+  if constexpr (has_logits_transform_prefill<V, P>::value) {
+    return static_cast<float>(v.LogitsTransformPrefill(params, logits, batch_idx, qo_idx, kv_idx,
+                                                       qo_head_idx, kv_head_idx));
+  } else {
+    return hooks::logits_transform(v, params, logits, batch_idx, qo_idx, kv_idx, qo_head_idx,
+                                   kv_head_idx);
+  }
+}
+
+}  // namespace prefill
+}  // namespace flashgen
