@@ -4,8 +4,8 @@
 # the wheel's own flashgen binary (the JIT's code path), runs the GPU tests (kernels against a
 # PyTorch fp32 reference; the public API: precompiled, JIT, custom variant, cupy; prefill through
 # the API, whose instances the test compiles through the loader) and the benchmarks. Logs go to
-# $OUT. Sections can be chosen: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench]
-# (default: all).
+# $OUT. Sections can be chosen: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench] [compile]
+# (default: all; compile times one cold instance build of each family on this machine).
 #   bash benches/gpu_validate.sh dist/flashgen-*.whl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/flashgen-gpu}
 mkdir -p "$OUT"
 WHEEL=${1:?usage: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench]}
 shift
-SECTIONS=${*:-build tests prefill bench}
+SECTIONS=${*:-build tests prefill bench compile}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 SITE=/tmp/flashgen-site
 rm -rf "$SITE"
@@ -64,4 +64,15 @@ if want bench; then
   echo "bench_prefill rc=$?"; tail -22 "$OUT/bench_prefill.log"
   timeout 120 python3 benches/bench_loader.py startup overhead > "$OUT/bench_loader.log" 2>&1
   echo "bench_loader rc=$?"; tail -6 "$OUT/bench_loader.log"
+fi
+
+if want compile; then
+  for sel in "single_prefill --where mask=causal" "single_decode"; do
+    rm -rf /tmp/flashgen-cold /tmp/flashgen-cold-out
+    t0=$(date +%s%N)
+    FLASHGEN_CACHE_DIR=/tmp/flashgen-cold "$BIN" --config "$SITE/flashgen/_src/variants.json" build \
+      --out /tmp/flashgen-cold-out --arch 9.0a --quiet --module $sel --where dtype=bf16 \
+      --where head_dim=128 --where pos_encoding=none --where variant=default
+    echo "cold build of one ${sel%% *} instance (sm_90a, this machine): rc=$? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+  done
 fi
