@@ -16,6 +16,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
         matrix,
         args.compile.arch.as_deref(),
         !args.compile.no_compress,
+        args.compile.launcher.as_deref(),
     )?;
     let report = builder.build(
         &selected,
