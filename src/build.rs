@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::arch::Arch;
 use crate::cache::{Cache, Entry, Lookup};
 use crate::codegen;
-use crate::compile::{self, NvccCommand};
+use crate::compile::{self, CompileInputs, Launcher, NvccCommand};
 use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
@@ -90,7 +90,9 @@ pub fn default_jobs(cli: Option<usize>, ui: &Ui) -> Result<usize> {
 pub struct Prepared<'m> {
     pub inst: &'m Instance,
     pub header: String,
-    pub include_dirs: Vec<PathBuf>,
+    /// The folder holding `<uri>/flashgen_instance.cuh`, where the compile runs (see
+    /// `compile.rs`: a relative `-I<uri>` keeps the output folder out of nvcc's input).
+    pub gen_root: PathBuf,
     pub source: PathBuf,
     pub key: String,
 }
@@ -172,6 +174,8 @@ pub struct Builder<'m> {
     pub archs: Vec<Arch>,
     /// `-I` folders after the generated header's (see [`search_dirs`]).
     pub search_dirs: Vec<PathBuf>,
+    /// In front of each compile step; never part of the key.
+    pub launcher: Launcher,
     hasher: SourceHasher,
 }
 
@@ -193,6 +197,7 @@ impl<'m> Builder<'m> {
             flags,
             archs,
             search_dirs,
+            launcher: Launcher::default(),
             hasher,
         }
     }
@@ -206,13 +211,14 @@ impl<'m> Builder<'m> {
         gen_dir: Option<&Path>,
     ) -> Result<Vec<Prepared<'m>>> {
         let tc_texts = self.toolchain_texts();
+        let gen_root = gen_dir.unwrap_or(Path::new("<generated>"));
         selected
             .par_iter()
             .map(|inst| {
                 let header = codegen::instance_header(self.matrix, inst);
-                let dir = gen_dir.unwrap_or(Path::new("<generated>")).join(&inst.uri);
                 if gen_dir.is_some() {
-                    fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
+                    let file = gen_root.join(&inst.uri).join(codegen::HEADER_NAME);
+                    fsutil::write_if_changed(&file, header.as_bytes())?;
                 }
                 let source = self
                     .matrix
@@ -221,12 +227,10 @@ impl<'m> Builder<'m> {
                     .join(&self.matrix.module(inst).source);
                 let inputs = self.hasher.inputs(&source, &header)?;
                 let key = fingerprint::cache_key(&tc_texts, &self.flags, &header, &inputs);
-                let mut include_dirs = vec![dir];
-                include_dirs.extend(self.search_dirs.iter().cloned());
                 Ok(Prepared {
                     inst,
                     header,
-                    include_dirs,
+                    gen_root: gen_root.to_path_buf(),
                     source,
                     key,
                 })
@@ -239,14 +243,24 @@ impl<'m> Builder<'m> {
         self.hasher.hashed()
     }
 
-    pub fn command(&self, p: &Prepared, output: &Path) -> NvccCommand {
-        NvccCommand::new(
-            &self.toolchain,
-            &self.flags,
-            &p.include_dirs,
-            &p.source,
-            output,
-        )
+    /// The compile step of `p` (into `object`) and its link step (into `output`).
+    pub fn commands(&self, p: &Prepared, object: &Path, output: &Path) -> [NvccCommand; 2] {
+        let inputs = CompileInputs {
+            cwd: &p.gen_root,
+            header_dir: Path::new(&p.inst.uri),
+            search_dirs: &self.search_dirs,
+            source: &p.source,
+        };
+        [
+            NvccCommand::compile(
+                &self.toolchain,
+                &self.flags,
+                &inputs,
+                object,
+                &self.launcher,
+            ),
+            NvccCommand::link(&self.toolchain, &self.flags, object, output),
+        ]
     }
 
     /// Makes every selected instance present and verified in the cache, compiling the misses
@@ -407,11 +421,18 @@ impl<'m> Builder<'m> {
         })
     }
 
-    fn toolchain_texts(&self) -> [&str; 2] {
-        [
+    /// What keys the cache about the toolchain: nvcc's and the host compiler's version texts,
+    /// and the `NVCC_PREPEND_FLAGS`/`NVCC_APPEND_FLAGS` nvcc adds to every command (only when
+    /// set, so keys made without them stay valid).
+    fn toolchain_texts(&self) -> Vec<&str> {
+        let mut texts = vec![
             self.toolchain.nvcc_version_text.as_str(),
             self.toolchain.host_compiler.as_str(),
-        ]
+        ];
+        if !self.toolchain.nvcc_env_flags.is_empty() {
+            texts.push(self.toolchain.nvcc_env_flags.as_str());
+        }
+        texts
     }
 
     /// The fast path: when the stamp matches and every output (and the manifest) still has the
@@ -491,8 +512,9 @@ impl<'m> Builder<'m> {
         self.compile_one(p).map(|(e, t)| (e, Some(t)))
     }
 
-    /// Compiles one instance (nvcc's temporary files in a folder of the cache, removed after),
-    /// checks its entry points and stores it. Call with the key locked.
+    /// Compiles one instance in two steps (see `compile.rs`), both under the guard with nvcc's
+    /// temporary files and the object in a folder of the cache removed after, checks its entry
+    /// points and stores it. Call with the key locked.
     fn compile_one(&self, p: &Prepared) -> Result<(Entry, Duration), Failure> {
         let fail = |kind: FailureKind, command: String, status: String, stderr: String| Failure {
             uri: p.inst.uri.clone(),
@@ -509,26 +531,29 @@ impl<'m> Builder<'m> {
                 String::new(),
             )
         };
-        let tmp = self.cache.temp_output(&p.inst.uri).map_err(|e| {
+        let early = |e: anyhow::Error| {
             fail(
                 FailureKind::Store,
                 String::new(),
                 format!("{e:#}"),
                 String::new(),
             )
-        })?;
-        let cmd = self.command(p, &tmp);
-        let scratch = self
-            .cache
-            .compile_dir(&p.inst.uri)
-            .map_err(|e| store(&cmd, e))?;
-        let took = cmd.run(scratch.path()).map_err(|(status, stderr)| {
-            fail(FailureKind::Compile, cmd.shell_line(), status, stderr)
-        })?;
+        };
+        let tmp = self.cache.temp_output(&p.inst.uri).map_err(early)?;
+        let scratch = self.cache.compile_dir(&p.inst.uri).map_err(early)?;
+        let object = scratch.path().join(format!("{}.o", p.inst.uri));
+        let [compile, link] = self.commands(p, &object, &tmp);
+        let mut took = Duration::ZERO;
+        for step in [&compile, &link] {
+            took += step.run(scratch.path()).map_err(|(status, stderr)| {
+                fail(FailureKind::Compile, step.shell_line(), status, stderr)
+            })?;
+        }
         drop(scratch);
+        let cmd = &link;
         let bytes = std::fs::read(&tmp)
             .with_context(|| format!("cannot read nvcc's output {}", tmp.display()))
-            .map_err(|e| store(&cmd, e))?;
+            .map_err(|e| store(cmd, e))?;
         let missing = missing_entry_points(&bytes, &self.matrix.module(p.inst).entry_points)
             .map_err(|e| fail(FailureKind::EntryPoint, cmd.shell_line(), e, String::new()))?;
         if !missing.is_empty() {
@@ -546,7 +571,7 @@ impl<'m> Builder<'m> {
         let entry = self
             .cache
             .insert(&p.key, &p.inst.uri, tmp, &bytes)
-            .map_err(|e| store(&cmd, e))?;
+            .map_err(|e| store(cmd, e))?;
         Ok((entry, took))
     }
 

@@ -31,7 +31,7 @@ pub enum Command {
     /// Print the matrix as the Python loader reads it (modules, axes, variants, instances).
     Describe(DescribeArgs),
     /// Write each selected instance's generated header (or, with --dispatch, one dispatching
-    /// header per module) and compile_commands.json.
+    /// header per module), compile_commands.json and, with --ninja, build.ninja.
     Generate(GenerateArgs),
     /// Compile the selected instances into .so files, in parallel, through the cache.
     Build(BuildArgs),
@@ -77,6 +77,13 @@ pub struct GenerateArgs {
     /// Architectures for compile_commands.json (as for build).
     #[arg(long, value_name = "LIST")]
     pub arch: Option<String>,
+    /// Also write build.ninja: a compile edge ($launcher nvcc -c) and a link edge per instance,
+    /// the same commands flashgen runs (`ninja -C DIR` builds DIR/<uri>.so).
+    #[arg(long)]
+    pub ninja: bool,
+    /// The launcher build.ninja puts in front of each compile [default: FLASHGEN_NVCC_LAUNCHER].
+    #[arg(long, value_name = "CMD")]
+    pub launcher: Option<String>,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -97,6 +104,10 @@ pub struct CompileArgs {
     /// Leave fatbins uncompressed (default: -Xfatbin=-compress-all).
     #[arg(long)]
     pub no_compress: bool,
+    /// A command to run each nvcc compile step through, split like a shell line (e.g.
+    /// "sccache"); not part of the cache key [default: FLASHGEN_NVCC_LAUNCHER].
+    #[arg(long, value_name = "CMD")]
+    pub launcher: Option<String>,
     /// Print only errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -156,6 +167,10 @@ pub struct JitArgs {
     /// Only look: answer `"source": "missing"` instead of compiling (FLASHGEN_DISABLE_JIT).
     #[arg(long)]
     pub no_compile: bool,
+    /// A command to run the nvcc compile step through (as for build) [default:
+    /// FLASHGEN_NVCC_LAUNCHER, which the Python loader passes through].
+    #[arg(long, value_name = "CMD")]
+    pub launcher: Option<String>,
     /// Must select exactly one instance.
     #[command(flatten)]
     pub filter: FilterArgs,

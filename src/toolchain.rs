@@ -29,6 +29,24 @@ pub struct Toolchain {
     pub host_compiler_path: PathBuf,
     /// `lib64`/`lib` beside `bin/nvcc`, passed with `-L` (the PyPI nvcc needs it to link).
     pub lib_dirs: Vec<PathBuf>,
+    /// `NVCC_PREPEND_FLAGS=...` / `NVCC_APPEND_FLAGS=...` lines for those that are set: nvcc
+    /// adds them to every command it runs, so they change the output and key the cache.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub nvcc_env_flags: String,
+}
+
+/// The variables nvcc reads extra flags from.
+pub const NVCC_FLAG_VARS: [&str; 2] = ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"];
+
+/// The set ones of [`NVCC_FLAG_VARS`], one `NAME=value` line each.
+fn nvcc_env_flags() -> String {
+    NVCC_FLAG_VARS
+        .iter()
+        .filter_map(|v| {
+            let val = std::env::var_os(v).filter(|x| !x.is_empty())?;
+            Some(format!("{v}={}\n", val.to_string_lossy()))
+        })
+        .collect()
 }
 
 #[derive(Serialize, Deserialize)]
@@ -50,6 +68,7 @@ impl Toolchain {
             host_compiler_path: std::env::var_os("NVCC_CCBIN")
                 .map_or_else(|| PathBuf::from("g++"), PathBuf::from),
             lib_dirs: Vec::new(),
+            nvcc_env_flags: nvcc_env_flags(),
         }
     }
 
@@ -92,6 +111,7 @@ impl Toolchain {
             host_compiler: versions.host.lines().next().unwrap_or("").to_string(),
             host_compiler_path,
             lib_dirs,
+            nvcc_env_flags: nvcc_env_flags(),
         })
     }
 }

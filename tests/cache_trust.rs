@@ -45,7 +45,8 @@ fn nvcc_wrapper(t: &Tree, extra: &str) -> PathBuf {
     std::fs::create_dir_all(t.path("wrap/bin")).unwrap();
     std::os::unix::fs::symlink(root.join("lib"), t.path("wrap/lib")).unwrap();
     let script = format!(
-        "#!/bin/sh\ncase \"$1\" in --version) ;; *) echo \"$$\" >> '{log}'; {extra} ;; esac\nexec '{real}' \"$@\"\n",
+        // Logs (and delays) compile steps only: one per instance, the link is not counted.
+        "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$$\" >> '{log}'; {extra} ;; esac\nexec '{real}' \"$@\"\n",
         log = t.path("nvcc.log").display(),
         real = real.display()
     );

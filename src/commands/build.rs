@@ -16,6 +16,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
         matrix,
         args.compile.arch.as_deref(),
         !args.compile.no_compress,
+        args.compile.launcher.as_deref(),
     )?;
     let report = builder.build(
         &selected,
@@ -108,7 +109,7 @@ pub(crate) fn print_failure(f: &Failure) {
     match f.kind {
         FailureKind::Compile => {
             eprintln!("error: nvcc failed for {} ({})", f.uri, f.status);
-            eprintln!("command (reproduces this compile alone):\n  {}", f.command);
+            eprintln!("command (reproduces this step alone):\n  {}", f.command);
             eprintln!("--- stderr ---");
             let text = f.stderr.trim_end();
             eprintln!(

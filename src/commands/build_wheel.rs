@@ -37,7 +37,12 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
             &mut sources,
         )?;
     }
-    let builder = super::builder(matrix, c.arch.as_deref(), !c.no_compress)?;
+    let builder = super::builder(
+        matrix,
+        c.arch.as_deref(),
+        !c.no_compress,
+        c.launcher.as_deref(),
+    )?;
     let mut opts = super::build::options(c, &builder, args.build_dir.clone(), &ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
     opts.use_stamp = false;

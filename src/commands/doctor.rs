@@ -10,6 +10,7 @@ use crate::arch::{self, Arch};
 use crate::build::default_jobs;
 use crate::cache::Cache;
 use crate::cli::DoctorArgs;
+use crate::compile::{Launcher, LAUNCHER_ENV};
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
@@ -25,6 +26,7 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
     let config_archs = matrix.as_ref().map(|m| m.archs.clone()).unwrap_or_default();
     let archs = arch::resolve(args.arch.as_deref(), &config_archs);
     let jobs = default_jobs(None, &crate::ui::Ui::new(true));
+    let launcher = Launcher::resolve(None);
     let err = |e: &anyhow::Error| format!("{e:#}");
     if args.json {
         let v = json!({
@@ -35,6 +37,11 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
                 "targets": a.iter().flat_map(Arch::targets).collect::<Vec<_>>(),
                 "runs_on": arch::runs_on_all(a),
             })),
+            "launcher": launcher.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |l| if l.is_none() {
+                json!(null)
+            } else {
+                json!({"command": l.words, "from": l.from})
+            }),
             "jobs": jobs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |j| json!(j)),
             "cache_dir": cache_dir.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |d| json!(d)),
             "cache": cache.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |_| json!("ok")),
@@ -60,6 +67,13 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
         match &archs {
             Ok((a, src)) => println!("archs:         {} (from {src})", super::archs_text(a)),
             Err(e) => println!("archs:         {e}"),
+        }
+        match &launcher {
+            Ok(l) if l.is_none() => {
+                println!("launcher:      none (set {LAUNCHER_ENV} or pass --launcher)")
+            }
+            Ok(l) => println!("launcher:      {} (from {})", l.shell_line(), l.from),
+            Err(e) => println!("launcher:      {e:#}"),
         }
         match &jobs {
             Ok(j) => println!("jobs:          {j}"),

@@ -1,6 +1,7 @@
-//! `flashgen generate`: the generated headers and compile_commands.json, without compiling.
+//! `flashgen generate`: the generated headers, compile_commands.json and (`--ninja`)
+//! build.ninja, without compiling.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::json;
@@ -9,7 +10,7 @@ use crate::arch;
 use crate::build;
 use crate::cli::GenerateArgs;
 use crate::codegen;
-use crate::compile::{self, NvccCommand};
+use crate::compile::{self, CompileInputs, Launcher, NvccCommand};
 use crate::fsutil;
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
@@ -19,7 +20,8 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     let ui = Ui::new(false);
     super::check_out_dir(matrix, &args.out, "--out")?;
     let selected = args.filter.select(matrix)?;
-    let builder = super::builder(matrix, args.arch.as_deref(), true);
+    let launcher = Launcher::resolve(args.launcher.as_deref())?;
+    let builder = super::builder(matrix, args.arch.as_deref(), true, None);
     // Without a toolchain the commands still name `nvcc`, with every flag and folder they need.
     let (toolchain, flags) = match &builder {
         Ok(b) => (b.toolchain.clone(), b.flags.clone()),
@@ -35,17 +37,34 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     let search_dirs = build::search_dirs(matrix);
     let out = std::path::absolute(&args.out)?;
     let mut commands = Vec::new();
-    // One entry: the header's folder first on the include path, then the project's.
-    let mut entry = |header_dir: PathBuf, source: PathBuf, output: PathBuf| {
-        let mut include_dirs = vec![header_dir];
-        include_dirs.extend(search_dirs.iter().cloned());
-        let argv = NvccCommand::new(&toolchain, &flags, &include_dirs, &source, &output).argv();
+    let mut ninja = Ninja::new(&launcher);
+    // One instance (or dispatching module) `name`, whose header is in `out/name/`: the compile
+    // and link steps flashgen runs, here with `out` as the working folder and the object and
+    // `.so` beside the headers (`out/name.o`, `out/name.so`).
+    let mut entry = |name: &str, source: PathBuf| {
+        let object = PathBuf::from(format!("{name}.o"));
+        let output = PathBuf::from(format!("{name}.so"));
+        let header_dir = Path::new(name);
+        let inputs = CompileInputs {
+            cwd: &out,
+            header_dir,
+            search_dirs: &search_dirs,
+            source: &source,
+        };
+        let compile = NvccCommand::compile(&toolchain, &flags, &inputs, &object, &launcher);
+        let link = NvccCommand::link(&toolchain, &flags, &object, &output);
         commands.push(json!({
-            "directory": matrix.root,
-            "arguments": argv,
+            "directory": out,
+            "arguments": compile.argv(),
             "file": source,
-            "output": output,
+            "output": out.join(&object),
         }));
+        ninja.edges(
+            &compile,
+            &link,
+            &source,
+            &header_dir.join(codegen::HEADER_NAME),
+        );
     };
     if args.dispatch {
         for (mi, m) in matrix.modules.iter().enumerate() {
@@ -71,8 +90,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let dir = out.join(&m.name);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
             write_args_header(&dir, m)?;
-            let source = matrix.root.join("csrc").join(&m.source);
-            entry(dir, source, out.join(format!("{}.so", m.name)));
+            entry(&m.name, matrix.root.join("csrc").join(&m.source));
         }
     } else {
         for inst in &selected {
@@ -80,25 +98,85 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let dir = out.join(&inst.uri);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
             write_args_header(&dir, matrix.module(inst))?;
-            let source = matrix.root.join("csrc").join(&matrix.module(inst).source);
-            entry(dir, source, out.join(format!("{}.so", inst.uri)));
+            entry(
+                &inst.uri,
+                matrix.root.join("csrc").join(&matrix.module(inst).source),
+            );
         }
     }
     fsutil::write_if_changed(
         &out.join("compile_commands.json"),
         serde_json::to_string_pretty(&commands)?.as_bytes(),
     )?;
+    if args.ninja {
+        fsutil::write_if_changed(&out.join("build.ninja"), ninja.text.as_bytes())?;
+    }
     let what = if args.dispatch {
         "dispatching headers for the selected modules"
     } else {
         "instance headers"
     };
     ui.status(format!(
-        "generated {what} in {} ({} instances; unchanged files left as they were)",
+        "generated {what} in {} ({} instances; unchanged files left as they were){}",
         out.display(),
-        selected.len()
+        selected.len(),
+        if args.ninja {
+            format!("; build with: ninja -C {}", out.display())
+        } else {
+            String::new()
+        }
     ));
     Ok(())
+}
+
+/// `build.ninja`: flashgen's plan for any executor. Two rules whose command is the edge's `cmd`
+/// (the exact nvcc command flashgen runs, so the bytes are flashgen's), the compile one behind
+/// `$launcher`; ninja runs both in the file's folder, which is the compile's working folder.
+/// The compile edge depends on the source and the generated header only: the project headers
+/// are not tracked (run `flashgen generate` again, or clean, after editing them).
+struct Ninja {
+    text: String,
+}
+
+impl Ninja {
+    fn new(launcher: &Launcher) -> Ninja {
+        let text = format!(
+            "# @generated by flashgen {}: do not edit. Build with: ninja -C <this folder>\n\
+             ninja_required_version = 1.3\n\
+             launcher = {}\n\n\
+             rule compile\n  command = $launcher $cmd\n  description = nvcc -c $out\n\n\
+             rule link\n  command = $cmd\n  description = nvcc -shared $out\n",
+            env!("CARGO_PKG_VERSION"),
+            ninja_value(&launcher.shell_line()),
+        );
+        Ninja { text }
+    }
+
+    fn edges(&mut self, compile: &NvccCommand, link: &NvccCommand, source: &Path, header: &Path) {
+        let line = |c: &NvccCommand| {
+            let words: Vec<String> = c.argv().iter().map(|w| compile::shell_quote(w)).collect();
+            ninja_value(&words.join(" "))
+        };
+        let object = ninja_path(compile.args.last().map_or("", String::as_str));
+        let output = ninja_path(link.args.last().map_or("", String::as_str));
+        self.text.push_str(&format!(
+            "\nbuild {object}: compile {} | {}\n  cmd = {}\nbuild {output}: link {object}\n  cmd = {}\n",
+            ninja_path(&source.display().to_string()),
+            ninja_path(&header.display().to_string()),
+            line(compile),
+            line(link),
+        ));
+    }
+}
+
+/// A variable's value in a ninja file: only `$` is special there.
+fn ninja_value(s: &str) -> String {
+    s.replace('$', "$$")
+}
+
+/// A path in a ninja `build` line, where `$`, blanks and `:` are special.
+fn ninja_path(s: &str) -> String {
+    s.replace('$', "$$").replace(' ', "$ ").replace(':', "$:")
 }
 
 /// `flashgen_args.h`: the module's arguments struct alone, in plain C (the generated header holds

@@ -13,6 +13,7 @@ use crate::arch::{self, Capability};
 use crate::build::Builder;
 use crate::cache::Cache;
 use crate::cli::JitArgs;
+use crate::compile::Launcher;
 use crate::error::UsageError;
 use crate::matrix::Matrix;
 use crate::records::{JitAnswer, JitSource};
@@ -31,9 +32,11 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         .with_hint("give every axis of the module: --where AXIS=VALUE for each")
         .into());
     };
+    let launcher = Launcher::resolve(args.launcher.as_deref())?;
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir))?;
-    let builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
+    let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
+    builder.launcher = launcher;
     let mut answer = JitAnswer {
         instance: matrix.instance_row(inst),
         source: JitSource::Missing,

