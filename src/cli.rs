@@ -20,8 +20,12 @@ pub struct Cli {
     /// params}}}), appended to every variant axis; never precompiled. Repeatable.
     #[arg(long = "variants-file", global = true, value_name = "PATH")]
     pub variants_files: Vec<PathBuf>,
+    /// Print each nvcc command line on stderr as it starts (and the toolchain probes).
+    #[arg(long, short = 'v', global = true)]
+    pub verbose: bool,
+    /// Without a subcommand, flashgen prints this help and exits 0.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,6 +142,10 @@ pub struct WheelArgs {
     /// The flashgen binary to ship [default: this one].
     #[arg(long, value_name = "PATH")]
     pub binary: Option<PathBuf>,
+    /// Ship no precompiled instance (needs no nvcc): the loader JIT-compiles every kernel on
+    /// first use. Takes no filters.
+    #[arg(long, alias = "jit-only")]
+    pub no_aot: bool,
     #[command(flatten)]
     pub compile: CompileArgs,
 }

@@ -9,9 +9,14 @@ fn main() {
         .next()
         .is_some_and(|a| a == flashgen::compile::GUARD_ARG)
     {
-        flashgen::compile::guard_main(args.collect());
+        let args: Vec<_> = args.collect();
+        // `-v`: announce the command on the build's stderr (see ui.rs) before running it.
+        flashgen::ui::trace_to_inherited_fd(&args);
+        flashgen::compile::guard_main(args);
     }
     let cli = flashgen::cli::Cli::parse();
+    // Before any thread starts: this may change the environment the children inherit.
+    flashgen::ui::set_verbose(cli.verbose);
     if let Err(err) = flashgen::commands::run(cli) {
         eprintln!("error: {err}");
         for cause in err.chain().skip(1) {

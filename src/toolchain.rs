@@ -27,6 +27,8 @@ pub struct Toolchain {
     pub nvcc_version_text: String,
     pub host_compiler: String,
     pub host_compiler_path: PathBuf,
+    /// How the host compiler was found (`NVCC_CCBIN` or `PATH`).
+    pub host_compiler_found_by: String,
     /// `lib64`/`lib` beside `bin/nvcc`, passed with `-L` (the PyPI nvcc needs it to link).
     pub lib_dirs: Vec<PathBuf>,
     /// `NVCC_PREPEND_FLAGS=...` / `NVCC_APPEND_FLAGS=...` lines for those that are set: nvcc
@@ -67,6 +69,7 @@ impl Toolchain {
             host_compiler: String::new(),
             host_compiler_path: std::env::var_os("NVCC_CCBIN")
                 .map_or_else(|| PathBuf::from("g++"), PathBuf::from),
+            host_compiler_found_by: "placeholder".into(),
             lib_dirs: Vec::new(),
             nvcc_env_flags: nvcc_env_flags(),
         }
@@ -75,10 +78,10 @@ impl Toolchain {
     /// `cache_dir` holds the version memo; without one (an unusable cache) versions are asked.
     pub fn discover(cache_dir: Option<&Path>) -> Result<Toolchain> {
         let (nvcc, found_by) = find_nvcc()?;
-        let host_compiler_path = std::env::var_os("NVCC_CCBIN")
-            .map(PathBuf::from)
-            .or_else(|| which::which("g++").ok())
-            .or_else(|| which::which("c++").ok())
+        let (host_compiler_path, host_compiler_found_by) = std::env::var_os("NVCC_CCBIN")
+            .map(|p| (PathBuf::from(p), "NVCC_CCBIN"))
+            .or_else(|| which::which("g++").ok().map(|p| (p, "PATH")))
+            .or_else(|| which::which("c++").ok().map(|p| (p, "PATH")))
             .ok_or_else(|| {
                 UsageError::new(
                     "no host C++ compiler found for nvcc (looked for NVCC_CCBIN, g++, c++)",
@@ -110,6 +113,7 @@ impl Toolchain {
             nvcc_version_text: versions.nvcc,
             host_compiler: versions.host.lines().next().unwrap_or("").to_string(),
             host_compiler_path,
+            host_compiler_found_by: host_compiler_found_by.into(),
             lib_dirs,
             nvcc_env_flags: nvcc_env_flags(),
         })
@@ -250,6 +254,7 @@ fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versio
 }
 
 fn version_text(program: &Path) -> Result<String> {
+    crate::ui::trace(&[program.display().to_string(), "--version".into()]);
     let out = Command::new(program)
         .arg("--version")
         .output()

@@ -20,6 +20,9 @@ def main() -> None:
     except FlashgenError as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(2) from None
+    # The binary looks at "the Python environment flashgen serves" (the PyPI nvcc, torch for
+    # `doctor`) through FLASHGEN_PYTHON, as the loader tells it; here that is this interpreter.
+    os.environ.setdefault("FLASHGEN_PYTHON", sys.executable)
     os.execv(path, [path, *sys.argv[1:]])
 
 

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::build::{BuildReport, Builder};
 use crate::cli::WheelArgs;
+use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
 use crate::ui::Ui;
@@ -22,13 +23,6 @@ const PACKAGE: &str = "flashgen";
 pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     let ui = Ui::new(args.compile.quiet);
     let c = &args.compile;
-    // No filter at all means the precompiled subset variants.json declares.
-    let mut filter = c.filter.clone();
-    if filter.module.is_none() && filter.wheres.is_empty() {
-        filter.aot = true;
-    }
-    super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
-    let selected = filter.select(matrix)?;
     let mut sources = Vec::new();
     for dir in ["csrc", "include"] {
         collect_tree(
@@ -37,24 +31,27 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
             &mut sources,
         )?;
     }
-    let builder = super::builder(
-        matrix,
-        c.arch.as_deref(),
-        !c.no_compress,
-        c.launcher.as_deref(),
-    )?;
-    let mut opts = super::build::options(c, &builder, args.build_dir.clone(), &ui)?;
-    // The wheel ships what the cache verified in this run, never what a stamp vouches for.
-    opts.use_stamp = false;
-    let report = builder.build(&selected, &opts, &ui)?;
-    super::build::finish(&report, &ui, &args.build_dir)?;
-    check_sources_unchanged(&builder.hashed_inputs(), &sources)?;
+    let aot = if args.no_aot {
+        if c.filter.module.is_some() || !c.filter.wheres.is_empty() || c.filter.aot {
+            return Err(UsageError::new(
+                "--no-aot builds a wheel without precompiled instances; it takes no --module, --where or --aot",
+            )
+            .into());
+        }
+        ui.status("--no-aot: a JIT-only wheel; the loader compiles every kernel on first use");
+        None
+    } else {
+        Some(build_aot(matrix, args, &sources, &ui)?)
+    };
 
     let binary = match &args.binary {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("cannot locate the running flashgen binary")?,
     };
-    let mut elf_files: Vec<PathBuf> = report.built.iter().map(|b| b.path.clone()).collect();
+    let mut elf_files: Vec<PathBuf> = aot
+        .iter()
+        .flat_map(|(_, r)| r.built.iter().map(|b| b.path.clone()))
+        .collect();
     elf_files.push(binary.clone());
     let platform = wheel::platform_tag(&elf_files, std::env::consts::ARCH)?;
     for note in &platform.notes {
@@ -82,7 +79,23 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     for f in python.into_iter().chain(sources) {
         w.add_bytes(&f.archive, f.bytes, f.executable)?;
     }
-    add_aot(&mut w, &builder, &report)?;
+    match &aot {
+        Some((builder, report)) => add_aot(&mut w, builder, report)?,
+        // The same manifest with nothing in it: the loader finds no precompiled kernel (and no
+        // arch it runs on) and JIT-compiles; doctor reports the empty set.
+        None => w.add_bytes(
+            &format!("{PACKAGE}/_aot/manifest.json"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "flashgen_version": env!("CARGO_PKG_VERSION"),
+                "toolchain": null,
+                "archs": [],
+                "runs_on": [],
+                "instances": [],
+            }))?
+            .into_bytes(),
+            false,
+        )?,
+    }
     let describe = super::describe::describe(matrix);
     w.add_bytes(
         &format!("{PACKAGE}/_data/matrix.json"),
@@ -113,7 +126,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         written.path.display(),
         human_bytes(written.size),
         written.sha256,
-        report.built.len(),
+        aot.as_ref().map_or(0, |(_, r)| r.built.len()),
         platform.tag
     ));
     let mut largest: Vec<_> = written.entries.iter().collect();
@@ -133,6 +146,37 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     }
     println!("{}", written.path.display());
     Ok(())
+}
+
+/// The AOT build: the precompiled subset (or the filtered set) made present in the cache and
+/// copied to `--build-dir`, checked against the sources the wheel ships.
+fn build_aot<'m>(
+    matrix: &'m Matrix,
+    args: &WheelArgs,
+    sources: &[Snapshot],
+    ui: &Ui,
+) -> Result<(Builder<'m>, BuildReport<'m>)> {
+    let c = &args.compile;
+    // No filter at all means the precompiled subset variants.json declares.
+    let mut filter = c.filter.clone();
+    if filter.module.is_none() && filter.wheres.is_empty() {
+        filter.aot = true;
+    }
+    super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
+    let selected = filter.select(matrix)?;
+    let builder = super::builder(
+        matrix,
+        c.arch.as_deref(),
+        !c.no_compress,
+        c.launcher.as_deref(),
+    )?;
+    let mut opts = super::build::options(c, &builder, args.build_dir.clone(), ui)?;
+    // The wheel ships what the cache verified in this run, never what a stamp vouches for.
+    opts.use_stamp = false;
+    let report = builder.build(&selected, &opts, ui)?;
+    super::build::finish(&report, ui, &args.build_dir)?;
+    check_sources_unchanged(&builder.hashed_inputs(), sources)?;
+    Ok((builder, report))
 }
 
 /// The built `.so` files and their manifest, under `flashgen/_aot/`. Each file is read once;

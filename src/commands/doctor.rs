@@ -1,6 +1,12 @@
-//! `flashgen doctor`: what a build would use, or why it cannot run.
+//! `flashgen doctor`: what a build would use, or why it cannot run, and what the installation
+//! around it holds: the precompiled set of the wheel this binary came from, torch, the GPU.
+//!
+//! Everything is looked up, never assumed present: a missing torch, GPU or wheel is reported as
+//! absent. Only a missing toolchain fails the command (exit 1), as before, since a build needs it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::json;
@@ -28,8 +34,17 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
     let jobs = default_jobs(None, &crate::ui::Ui::new(true));
     let launcher = Launcher::resolve(None);
     let err = |e: &anyhow::Error| format!("{e:#}");
+    let exe = std::env::current_exe().ok();
+    let wheel = exe.as_deref().and_then(installed_wheel);
+    let torch = probe_torch();
+    let gpu = probe_gpu();
     if args.json {
         let v = json!({
+            "flashgen_version": env!("CARGO_PKG_VERSION"),
+            "binary": exe,
+            "wheel": wheel,
+            "torch": torch.as_ref().map_or_else(|e| json!({"error": e}), |t| json!(t)),
+            "gpus": gpu.as_ref().map_or_else(|e| json!({"error": e}), |g| json!(g)),
             "toolchain": toolchain.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |t| json!(t)),
             "archs": archs.as_ref().map_err(err).map_or_else(|e| json!({"error": e}), |(a, src)| json!({
                 "list": super::archs_text(a),
@@ -52,14 +67,20 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        println!(
+            "flashgen:      {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            exe.as_deref().map_or_else(|| "?".into(), super::display)
+        );
         match &toolchain {
             Ok(t) => {
                 println!("nvcc:          {} ({})", t.nvcc.display(), t.found_by);
                 println!("nvcc version:  {}", t.nvcc_version);
                 println!(
-                    "host compiler: {} ({})",
+                    "host compiler: {} ({}, from {})",
                     t.host_compiler,
-                    t.host_compiler_path.display()
+                    t.host_compiler_path.display(),
+                    t.host_compiler_found_by
                 );
             }
             Err(e) => println!("nvcc:          NOT FOUND\n{e}"),
@@ -94,6 +115,145 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
             ),
             Err(e) => println!("config:        {e:#}"),
         }
+        match &wheel {
+            Some(w) => println!(
+                "wheel:         {} ({} precompiled instances{})",
+                w["package"].as_str().unwrap_or("?"),
+                w["precompiled"],
+                match w["archs"].as_array() {
+                    Some(a) if !a.is_empty() => format!(
+                        " for {}",
+                        a.iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    ),
+                    _ => ": JIT-only".into(),
+                }
+            ),
+            None => println!("wheel:         none (this binary is not inside an installed wheel)"),
+        }
+        match &torch {
+            Ok(t) => println!(
+                "torch:         {} (CUDA {}, {})",
+                t["version"].as_str().unwrap_or("?"),
+                t["cuda"].as_str().unwrap_or("none"),
+                t["python"].as_str().unwrap_or("?")
+            ),
+            Err(e) => println!("torch:         not found ({e})"),
+        }
+        match &gpu {
+            Ok(gpus) => {
+                for g in gpus {
+                    println!(
+                        "gpu:           {} (compute capability {}, driver {})",
+                        g["name"].as_str().unwrap_or("?"),
+                        g["compute_cap"].as_str().unwrap_or("?"),
+                        g["driver"].as_str().unwrap_or("?")
+                    );
+                }
+            }
+            Err(e) => println!("gpu:           none found ({e})"),
+        }
     }
     toolchain.map(|_| ())
+}
+
+/// The precompiled set of the installed wheel this binary ships in (`<package>/_bin/flashgen`
+/// beside `<package>/_aot/manifest.json`), or None when it is not inside one.
+fn installed_wheel(exe: &Path) -> Option<serde_json::Value> {
+    let package = exe.parent()?.parent()?;
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(package.join("_aot").join("manifest.json")).ok()?)
+            .ok()?;
+    Some(json!({
+        "package": package,
+        "precompiled": manifest["instances"].as_array().map_or(0, Vec::len),
+        "archs": manifest["archs"],
+    }))
+}
+
+/// The Python flashgen serves: `FLASHGEN_PYTHON` (the console script and the loader set it to
+/// their interpreter), else `python3` on PATH.
+fn python() -> PathBuf {
+    std::env::var_os("FLASHGEN_PYTHON")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+}
+
+/// torch's version and CUDA version, as that Python sees them. Importing torch takes seconds;
+/// the probe gives up after 20 s rather than hang doctor.
+fn probe_torch() -> std::result::Result<serde_json::Value, String> {
+    const CODE: &str = "import json, sys, torch; print(json.dumps({'version': torch.__version__, \
+        'cuda': torch.version.cuda, 'python': sys.executable}))";
+    let py = python();
+    let out = run_with_timeout(
+        Command::new(&py).args(["-c", CODE]),
+        Duration::from_secs(20),
+    )
+    .map_err(|e| format!("not importable by {} ({e})", py.display()))?;
+    let last = out.lines().last().unwrap_or_default();
+    serde_json::from_str(last).map_err(|_| format!("{}: unexpected output {last:?}", py.display()))
+}
+
+/// The GPUs nvidia-smi lists (name, compute capability, driver version).
+fn probe_gpu() -> std::result::Result<Vec<serde_json::Value>, String> {
+    let out = run_with_timeout(
+        Command::new("nvidia-smi").args([
+            "--query-gpu=name,compute_cap,driver_version",
+            "--format=csv,noheader",
+        ]),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| format!("nvidia-smi: {e}"))?;
+    let gpus: Vec<_> = out
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            json!({"name": f.first(), "compute_cap": f.get(1), "driver": f.get(2)})
+        })
+        .collect();
+    if gpus.is_empty() {
+        return Err("nvidia-smi lists no GPU".into());
+    }
+    Ok(gpus)
+}
+
+/// Runs `cmd` (stdin closed, stderr discarded) and returns its stdout if it exits 0 within
+/// `limit`; otherwise kills it and says why.
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::result::Result<String, String> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run it ({e})"))?;
+    // Read on a thread so a chatty child never blocks on a full pipe while we wait.
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {} s", limit.as_secs()));
+            }
+            Err(e) => return Err(format!("cannot wait for it ({e})")),
+        }
+    };
+    let text = reader.join().unwrap_or_default();
+    if status.success() {
+        Ok(text)
+    } else {
+        Err(format!("exited with {status}"))
+    }
 }

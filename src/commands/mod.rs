@@ -24,7 +24,13 @@ use crate::toolchain::Toolchain;
 pub fn run(cli: Cli) -> Result<()> {
     let config = ConfigSource::resolve(cli.config.as_deref());
     let load = || Matrix::load(&config.path, &cli.variants_files);
-    match &cli.command {
+    let Some(command) = &cli.command else {
+        // A bare `flashgen` is a request for orientation, not a mistake: the help, exit 0.
+        use clap::CommandFactory;
+        Cli::command().print_help()?;
+        return Ok(());
+    };
+    match command {
         Command::ListVariants(a) => list_variants::run(&load()?, a),
         Command::Describe(_) => describe::run(&load()?),
         Command::Generate(a) => generate::run(&load()?, a),
