@@ -1,8 +1,9 @@
 //! Scale-out: the two nvcc steps give the one-step bytes, the compile launcher, `generate
-//! --ninja` run by ninja, and sccache hitting across output folders (skipped without sccache).
+//! --ninja` run by ninja, sccache hitting across output folders (skipped without sccache), and
+//! a loopback sccache-dist cluster (skipped where sccache-dist or bubblewrap cannot run).
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -302,21 +303,36 @@ fn ninja_builds_the_plan_with_flashgens_bytes() {
     assert!(args.contains(&"-c") && !args.iter().any(|a| a.starts_with("-L")));
 }
 
-/// A private sccache server (own folder, own port), stopped when dropped.
+/// A free port on 127.0.0.1 (the listener is closed on return).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A private sccache server (own folder, own port, own config), stopped when dropped.
 struct Sccache {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
+    conf: PathBuf,
 }
 
 impl Sccache {
+    /// No user config: a local disk cache, no distributed compilation.
     fn start(bin: PathBuf, dir: PathBuf) -> Sccache {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let s = Sccache { bin, dir, port };
+        Sccache::start_with(bin, dir, "/dev/null".into())
+    }
+    fn start_with(bin: PathBuf, dir: PathBuf, conf: PathBuf) -> Sccache {
+        let port = free_port();
+        let s = Sccache {
+            bin,
+            dir,
+            port,
+            conf,
+        };
         let o = s.cmd().arg("--start-server").output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
         s
@@ -332,19 +348,22 @@ impl Sccache {
             ("SCCACHE_DIR", self.dir.display().to_string()),
             ("SCCACHE_SERVER_PORT", self.port.to_string()),
             ("SCCACHE_IDLE_TIMEOUT", "300".into()),
-            // No user config: a local disk cache, no distributed compilation.
-            ("SCCACHE_CONF", "/dev/null".into()),
+            ("SCCACHE_CONF", self.conf.display().to_string()),
         ]
     }
-    /// Cache hits so far, per sccache's language counters summed.
-    fn hits(&self) -> (u64, Value) {
+    /// `sccache --show-stats --stats-format json`.
+    fn stats(&self) -> Value {
         let o = self
             .cmd()
             .args(["--show-stats", "--stats-format", "json"])
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+    /// Cache hits so far, per sccache's language counters summed.
+    fn hits(&self) -> (u64, Value) {
+        let v = self.stats();
         let counts = &v["stats"]["cache_hits"]["counts"];
         let n = counts
             .as_object()
@@ -411,5 +430,288 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
         let (pa, pb) = (ra["path"].as_str().unwrap(), rb["path"].as_str().unwrap());
         assert_ne!(pa, pb);
         assert!(std::fs::read(pa).unwrap() == std::fs::read(pb).unwrap());
+    }
+}
+
+/// The skip line of a test that needs something this machine lacks.
+fn skip(why: &str) {
+    eprintln!("SKIPPED: {why}");
+}
+
+/// Polls `ready` every 200 ms for at most `limit`; whether it became true.
+fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One `sccache-dist` daemon (scheduler or build server) of the loopback cluster, in the
+/// foreground under `timeout`, so it ends by itself even if this test is killed; dropping it
+/// stops it (SIGTERM, which `timeout` passes to its whole process group: the daemon and the
+/// sandboxed compiles it started) and reaps it.
+struct DistDaemon {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+/// The most any daemon of the loopback cluster may live.
+const DIST_LIFETIME: &str = "300";
+
+impl DistDaemon {
+    fn start(dist: &Path, role: &str, conf: &Path, log: PathBuf) -> DistDaemon {
+        let out = std::fs::File::create(&log).unwrap();
+        let child = std::process::Command::new("timeout")
+            .args(["-k", "5", DIST_LIFETIME])
+            .arg(dist)
+            .args([role, "--config"])
+            .arg(conf)
+            .env("SCCACHE_NO_DAEMON", "1")
+            .env("SCCACHE_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        DistDaemon { child, log }
+    }
+    fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for DistDaemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+            if !wait_until(Duration::from_secs(10), || {
+                self.child.try_wait().ok().flatten().is_some()
+            }) {
+                let _ = self.child.kill();
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// `sccache-dist auth <verb> <args>`: the one line it prints.
+fn dist_auth(dist: &Path, args: &[&str]) -> String {
+    let o = std::process::Command::new(dist)
+        .arg("auth")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).trim().to_string()
+}
+
+/// Why this machine cannot run a loopback sccache-dist cluster, if it cannot.
+fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
+    let sccache = tool("sccache").ok_or("sccache (ci/requirements-test.txt) is not installed")?;
+    let dist = tool("sccache-dist")
+        .ok_or("sccache-dist (shipped with sccache, ci/requirements-test.txt) is not installed")?;
+    let bwrap = tool("bwrap").ok_or(
+        "bubblewrap (`bwrap`, Debian package `bubblewrap`) is not installed; \
+         ci/setup.sh installs it under CI or as root",
+    )?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the sccache-dist build server runs as root (its sandbox needs it)".into());
+    }
+    let probe = std::process::Command::new(&bwrap)
+        .args([
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-all",
+            "--die-with-parent",
+            "true",
+        ])
+        .output()
+        .map_err(|e| format!("bwrap does not run: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "bwrap cannot make a sandbox here: {}",
+            stderr(&probe).trim()
+        ));
+    }
+    Ok((sccache, dist))
+}
+
+#[test]
+fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
+    let (sccache, dist) = match dist_unavailable() {
+        Ok(found) => found,
+        Err(why) => return skip(&format!("loopback sccache-dist: {why}")),
+    };
+    let t = Tree::new("toy");
+    let sel = wheres(&["dtype=bf16", "fast=false", "mode=max", "variant=scaled"]);
+    // The reference: a local build without a launcher.
+    let local = build_json(&t, "local", &sel);
+
+    // A scheduler and one build server on 127.0.0.1, as a real cluster is set up: the client
+    // authenticates to the scheduler with a shared token, the server with a JWT the scheduler's
+    // key signed for the server's own address.
+    let (sched_port, server_port) = (free_port(), free_port());
+    let scheduler_url = format!("http://127.0.0.1:{sched_port}");
+    let server_addr = format!("127.0.0.1:{server_port}");
+    let client_token = dist_auth(&dist, &["generate-shared-token"]);
+    let key = dist_auth(&dist, &["generate-jwt-hs256-key"]);
+    let server_token = dist_auth(
+        &dist,
+        &[
+            "generate-jwt-hs256-server-token",
+            "--secret-key",
+            &key,
+            "--server",
+            &server_addr,
+        ],
+    );
+    t.write(
+        "scheduler.conf",
+        &format!(
+            "public_addr = \"127.0.0.1:{sched_port}\"\n\
+             [client_auth]\ntype = \"token\"\ntoken = \"{client_token}\"\n\
+             [server_auth]\ntype = \"jwt_hs256\"\nsecret_key = \"{key}\"\n"
+        ),
+    );
+    t.write(
+        "server.conf",
+        &format!(
+            "cache_dir = \"{}\"\npublic_addr = \"{server_addr}\"\n\
+             scheduler_url = \"{scheduler_url}\"\n\
+             [builder]\ntype = \"overlay\"\nbuild_dir = \"{}\"\nbwrap_path = \"{}\"\n\
+             [scheduler_auth]\ntype = \"jwt_token\"\ntoken = \"{server_token}\"\n",
+            t.path("server-toolchains").display(),
+            t.path("server-build").display(),
+            tool("bwrap").unwrap().display(),
+        ),
+    );
+    // The client packages each compiler nvcc runs (cicc, ptxas, cudafe++, the host g++) itself:
+    // no `[[dist.toolchains]]` entry is needed for a Linux nvcc.
+    t.write(
+        "client.conf",
+        &format!(
+            "[dist]\nscheduler_url = \"{scheduler_url}\"\ntoolchains = []\ncache_dir = \"{}\"\n\
+             [dist.auth]\ntype = \"token\"\ntoken = \"{client_token}\"\n",
+            t.path("client-toolchains").display(),
+        ),
+    );
+    let mut scheduler = DistDaemon::start(
+        &dist,
+        "scheduler",
+        &t.path("scheduler.conf"),
+        t.path("scheduler.log"),
+    );
+    let mut server = DistDaemon::start(
+        &dist,
+        "server",
+        &t.path("server.conf"),
+        t.path("server.log"),
+    );
+    let client = Sccache::start_with(sccache.clone(), t.path("sccache"), t.path("client.conf"));
+    let mut status = String::new();
+    let registered = wait_until(Duration::from_secs(30), || {
+        if scheduler.exited() || server.exited() {
+            return true;
+        }
+        let o = client.cmd().arg("--dist-status").output().unwrap();
+        status = stdout(&o);
+        serde_json::from_str::<Value>(&status).is_ok_and(|v| {
+            v["SchedulerStatus"][1]["num_servers"]
+                .as_u64()
+                .is_some_and(|n| n >= 1)
+        })
+    });
+    if !registered || scheduler.exited() || server.exited() {
+        return skip(&format!(
+            "loopback sccache-dist: the build server did not register within 30 s \
+             (status {status:?})\nscheduler log:\n{}\nserver log:\n{}",
+            scheduler.log_tail(),
+            server.log_tail()
+        ));
+    }
+
+    let start = Instant::now();
+    let o = t
+        .cmd()
+        .envs(client.vars())
+        .env("FLASHGEN_CACHE_DIR", t.path("cache-dist"))
+        .args([
+            "build",
+            "--json",
+            "--jobs",
+            "2",
+            "--out",
+            "dist",
+            "--launcher",
+        ])
+        .arg(&sccache)
+        .args(&sel)
+        .output()
+        .unwrap();
+    let wall = start.elapsed();
+    assert!(
+        o.status.success(),
+        "{}\nserver log:\n{}",
+        stderr(&o),
+        server.log_tail()
+    );
+    let built = json(&o);
+    assert_eq!(built["built"], 3, "every instance compiled");
+    let stats = client.stats();
+    let s = &stats["stats"];
+    let distributed: u64 = s["dist_compiles"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    eprintln!(
+        "sccache-dist: build {:.2}s; dist_compiles {}, dist_errors {}, misses {}",
+        wall.as_secs_f64(),
+        s["dist_compiles"],
+        s["dist_errors"],
+        s["cache_misses"]["adv_counts"]
+    );
+    assert_eq!(
+        s["dist_errors"].as_u64(),
+        Some(0),
+        "{s}\nserver log:\n{}",
+        server.log_tail()
+    );
+    assert!(
+        distributed >= 3,
+        "each instance's compile ran on the build server: {}",
+        s["dist_compiles"]
+    );
+    assert!(
+        s["dist_compiles"].get(&server_addr).is_some(),
+        "{}",
+        s["dist_compiles"]
+    );
+    // The same bytes as the local build without a launcher, and the same keys.
+    for (rl, rd) in local["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(built["instances"].as_array().unwrap())
+    {
+        assert_eq!(rl["uri"], rd["uri"]);
+        assert_eq!(rl["fingerprint"], rd["fingerprint"]);
+        let uri = rl["uri"].as_str().unwrap();
+        assert!(
+            read_so(&t.path("local"), uri) == read_so(&t.path("dist"), uri),
+            "{uri}: the distributed build's bytes differ from the local build's"
+        );
     }
 }
