@@ -6,6 +6,26 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . ci/setup.sh
 
+# bubblewrap: the sandbox of the sccache-dist build server that tests/scale_out.rs starts on
+# 127.0.0.1 (the test skips, saying why, without it). Installed from the distribution as root, or
+# under CI with passwordless sudo; never fatal, bounded in time.
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if [ "${CI:-}" = true ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo="sudo -n"
+    else
+      sudo=none
+    fi
+  fi
+  if [ "$sudo" != none ]; then
+    echo "ci/test.sh: installing bubblewrap (apt-get) for the sccache-dist test" >&2
+    { $sudo timeout 120 apt-get install -y -qq bubblewrap \
+        || { $sudo timeout 120 apt-get update -qq && $sudo timeout 120 apt-get install -y -qq bubblewrap; }
+    } >/dev/null 2>&1 || echo "ci/test.sh: bubblewrap was not installed; the sccache-dist test will skip" >&2
+  fi
+fi
+
 echo "== cargo fmt / clippy" >&2
 cargo fmt --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
