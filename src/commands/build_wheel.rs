@@ -169,6 +169,7 @@ fn build_aot<'m>(
         c.arch.as_deref(),
         !c.no_compress,
         c.launcher.as_deref(),
+        c.manylinux.as_deref(),
     )?;
     let mut opts = super::build::options(c, &builder, args.build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
