@@ -132,7 +132,7 @@ impl Toolchain {
             tc.host_compiler = zig.identity;
             tc.host_compiler_path = zig.wrapper;
             tc.host_compiler_found_by = format!(
-                "--manylinux {}: zig from {} ({})",
+                "{}: zig from {} ({})",
                 target.tag(),
                 zig.found_by,
                 zig.zig.display()
