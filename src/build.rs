@@ -187,7 +187,12 @@ impl<'m> Builder<'m> {
         archs: Vec<Arch>,
         compress: bool,
     ) -> Self {
-        let flags = compile::output_flags(&matrix.nvcc_flags, &archs, compress);
+        let flags = compile::output_flags(
+            &matrix.nvcc_flags,
+            &archs,
+            compress,
+            toolchain.manylinux.is_some(),
+        );
         let search_dirs = search_dirs(matrix);
         let hasher = SourceHasher::new(&matrix.root, search_dirs.clone());
         Builder {

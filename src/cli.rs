@@ -112,6 +112,11 @@ pub struct CompileArgs {
     /// "sccache"); not part of the cache key [default: FLASHGEN_NVCC_LAUNCHER].
     #[arg(long, value_name = "CMD")]
     pub launcher: Option<String>,
+    /// Build every instance for this glibc, e.g. "2_17": nvcc's host compiler becomes zig c++
+    /// (the PyPI ziglang==0.13.0) targeting it, so the .so files need nothing newer from glibc
+    /// and no libstdc++; part of the cache key [default: FLASHGEN_MANYLINUX, else g++].
+    #[arg(long, value_name = "2_N")]
+    pub manylinux: Option<String>,
     /// Print only errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -179,6 +184,11 @@ pub struct JitArgs {
     /// FLASHGEN_NVCC_LAUNCHER, which the Python loader passes through].
     #[arg(long, value_name = "CMD")]
     pub launcher: Option<String>,
+    /// Build every instance for this glibc, e.g. "2_17": nvcc's host compiler becomes zig c++
+    /// (the PyPI ziglang==0.13.0) targeting it, so the .so files need nothing newer from glibc
+    /// and no libstdc++; part of the cache key [default: FLASHGEN_MANYLINUX, else g++].
+    #[arg(long, value_name = "2_N")]
+    pub manylinux: Option<String>,
     /// Must select exactly one instance.
     #[command(flatten)]
     pub filter: FilterArgs,

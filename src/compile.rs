@@ -41,7 +41,7 @@ const FIXED_FLAGS: &[&str] = &[
     "-Xcompiler=-fPIC",
     "-cudart=static",
     "-Xlinker=--strip-all",
-    "-Xlinker=--build-id=none",
+    NO_BUILD_ID,
 ];
 
 pub const FATBIN_COMPRESSION: &str = "-Xfatbin=-compress-all";
@@ -49,10 +49,24 @@ pub const FATBIN_COMPRESSION: &str = "-Xfatbin=-compress-all";
 /// The environment variable naming the compile launcher when `--launcher` is not given.
 pub const LAUNCHER_ENV: &str = "FLASHGEN_NVCC_LAUNCHER";
 
+/// The one fixed flag zig 0.13's linker refuses; it writes no build ID unless asked, so the
+/// `--manylinux` bytes are reproducible without it.
+const NO_BUILD_ID: &str = "-Xlinker=--build-id=none";
+
 /// The flags that shape the output, in order: they go into the cache key. The compile step gets
-/// those that are not [`link_only`]; the link step gets them all.
-pub fn output_flags(user_flags: &[String], archs: &[Arch], compress: bool) -> Vec<String> {
-    let mut flags: Vec<String> = FIXED_FLAGS.iter().map(|s| s.to_string()).collect();
+/// those that are not [`link_only`]; the link step gets them all. `zig_host`: the host compiler
+/// is `--manylinux`'s zig wrapper.
+pub fn output_flags(
+    user_flags: &[String],
+    archs: &[Arch],
+    compress: bool,
+    zig_host: bool,
+) -> Vec<String> {
+    let mut flags: Vec<String> = FIXED_FLAGS
+        .iter()
+        .filter(|f| !(zig_host && **f == NO_BUILD_ID))
+        .map(|s| s.to_string())
+        .collect();
     flags.extend(user_flags.iter().cloned());
     if compress && !flags.iter().any(|f| f == FATBIN_COMPRESSION) {
         flags.push(FATBIN_COMPRESSION.into());
@@ -331,9 +345,9 @@ impl NvccCommand {
 }
 
 /// `-ccbin` when `NVCC_CCBIN` names the host compiler (nvcc reads the variable itself, but the
-/// printed command must reproduce the step without it).
+/// printed command must reproduce the step without it), and always for `--manylinux`'s wrapper.
 fn ccbin(tc: &Toolchain) -> Vec<String> {
-    if std::env::var_os("NVCC_CCBIN").is_some() {
+    if tc.manylinux.is_some() || std::env::var_os("NVCC_CCBIN").is_some() {
         vec![format!("-ccbin={}", tc.host_compiler_path.display())]
     } else {
         Vec::new()

@@ -19,6 +19,7 @@ pub mod filter;
 pub mod fingerprint;
 pub mod fsutil;
 pub mod instance;
+pub mod manylinux;
 pub mod matrix;
 pub mod param_types;
 pub mod records;

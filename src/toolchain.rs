@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::UsageError;
 use crate::fsutil;
+use crate::manylinux::{Glibc, ZigHost};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Toolchain {
@@ -35,6 +36,10 @@ pub struct Toolchain {
     /// adds them to every command it runs, so they change the output and key the cache.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub nvcc_env_flags: String,
+    /// The glibc target of `--manylinux` / `FLASHGEN_MANYLINUX`: the host compiler is then the
+    /// zig wrapper (`host_compiler_path`), passed as `-ccbin` (see `manylinux.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manylinux: Option<Glibc>,
 }
 
 /// The variables nvcc reads extra flags from.
@@ -72,11 +77,14 @@ impl Toolchain {
             host_compiler_found_by: "placeholder".into(),
             lib_dirs: Vec::new(),
             nvcc_env_flags: nvcc_env_flags(),
+            manylinux: None,
         }
     }
 
     /// `cache_dir` holds the version memo; without one (an unusable cache) versions are asked.
-    pub fn discover(cache_dir: Option<&Path>) -> Result<Toolchain> {
+    /// With a glibc target, the g++ found is only the source of libstdc++ (headers and static
+    /// archive) and nvcc's host compiler is the zig wrapper written into the cache.
+    pub fn discover(cache_dir: Option<&Path>, manylinux: Option<Glibc>) -> Result<Toolchain> {
         let (nvcc, found_by) = find_nvcc()?;
         let (host_compiler_path, host_compiler_found_by) = std::env::var_os("NVCC_CCBIN")
             .map(|p| (PathBuf::from(p), "NVCC_CCBIN"))
@@ -106,7 +114,7 @@ impl Toolchain {
             .map(|d| root.join(d))
             .filter(|d| d.is_dir())
             .collect();
-        Ok(Toolchain {
+        let mut tc = Toolchain {
             nvcc,
             found_by,
             nvcc_version,
@@ -116,7 +124,21 @@ impl Toolchain {
             host_compiler_found_by: host_compiler_found_by.into(),
             lib_dirs,
             nvcc_env_flags: nvcc_env_flags(),
-        })
+            manylinux,
+        };
+        if let Some(target) = manylinux {
+            let zig = ZigHost::prepare(target, &tc.nvcc, &tc.host_compiler_path, cache_dir)?;
+            // The identity replaces the g++ line in the key: it names g++ (for libstdc++) too.
+            tc.host_compiler = zig.identity;
+            tc.host_compiler_path = zig.wrapper;
+            tc.host_compiler_found_by = format!(
+                "{}: zig from {} ({})",
+                target.tag(),
+                zig.found_by,
+                zig.zig.display()
+            );
+        }
+        Ok(tc)
     }
 }
 
@@ -167,7 +189,7 @@ fn pypi_nvcc(site: &Path) -> Option<PathBuf> {
 /// site-packages folders of the Python environment that asked (`FLASHGEN_PYTHON`, which the
 /// loader sets), else the active one (`VIRTUAL_ENV`, `CONDA_PREFIX`, the `python3` on PATH).
 /// Folders are guessed from the prefix first; a Python process is started only when that misses.
-fn python_site_packages() -> Vec<PathBuf> {
+pub(crate) fn python_site_packages() -> Vec<PathBuf> {
     if let Some(py) = std::env::var_os("FLASHGEN_PYTHON") {
         let py = PathBuf::from(py);
         let prefix = py.parent().and_then(Path::parent).unwrap_or(Path::new("/"));

@@ -17,6 +17,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
         args.compile.arch.as_deref(),
         !args.compile.no_compress,
         args.compile.launcher.as_deref(),
+        args.compile.manylinux.as_deref(),
     )?;
     let report = builder.build(
         &selected,

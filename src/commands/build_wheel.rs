@@ -57,6 +57,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     for note in &platform.notes {
         ui.status(format!("platform: {note}"));
     }
+    check_manylinux_target(c.manylinux.as_deref(), &platform)?;
 
     let readme = std::fs::read_to_string(matrix.root.join("README.md")).ok();
     let meta = WheelMetadata {
@@ -148,6 +149,38 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     Ok(())
 }
 
+/// With a glibc target (`--manylinux`, `FLASHGEN_MANYLINUX`), the wheel must get that tag: the
+/// instances are built for it, but the shipped binary is whatever `--binary` names, and a
+/// dynamically linked one needs the build machine's glibc. Refused rather than tagged higher.
+fn check_manylinux_target(cli: Option<&str>, platform: &wheel::PlatformReport) -> Result<()> {
+    let Some(target) = crate::manylinux::Glibc::resolve(cli)? else {
+        return Ok(());
+    };
+    let minor = platform
+        .tag
+        .strip_prefix("manylinux_2_")
+        .and_then(|t| t.split('_').next())
+        .and_then(|m| m.parse::<u32>().ok());
+    if minor.is_some_and(|m| m <= target.minor) {
+        return Ok(());
+    }
+    let needs: Vec<String> = platform
+        .newest
+        .iter()
+        .map(|(v, f)| format!("{v} ({})", f.display()))
+        .collect();
+    Err(UsageError::new(format!(
+        "--manylinux {}: the wheel's files need platform {}: {}",
+        target.tag(),
+        platform.tag,
+        needs.join(", ")
+    ))
+    .with_hint(
+        "ship a static binary: RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu, then --binary target/x86_64-unknown-linux-gnu/release/flashgen (ci/build-wheel.sh does this with MANYLINUX=2_17)",
+    )
+    .into())
+}
+
 /// The AOT build: the precompiled subset (or the filtered set) made present in the cache and
 /// copied to `--build-dir`, checked against the sources the wheel ships.
 fn build_aot<'m>(
@@ -169,6 +202,7 @@ fn build_aot<'m>(
         c.arch.as_deref(),
         !c.no_compress,
         c.launcher.as_deref(),
+        c.manylinux.as_deref(),
     )?;
     let mut opts = super::build::options(c, &builder, args.build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.

@@ -27,7 +27,9 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
         .as_ref()
         .map_err(|e| anyhow::anyhow!("{e:#}"))
         .and_then(|d| Cache::open(d.clone()).map(|c| c.dir));
-    let toolchain = Toolchain::discover(cache.as_ref().ok().map(PathBuf::as_path));
+    // FLASHGEN_MANYLINUX shows the zig host compiler a build would use.
+    let toolchain = crate::manylinux::Glibc::resolve(None)
+        .and_then(|target| Toolchain::discover(cache.as_ref().ok().map(PathBuf::as_path), target));
     let matrix = Matrix::load(&config.path, variants_files);
     let config_archs = matrix.as_ref().map(|m| m.archs.clone()).unwrap_or_default();
     let archs = arch::resolve(args.arch.as_deref(), &config_archs);

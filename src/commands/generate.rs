@@ -21,7 +21,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     super::check_out_dir(matrix, &args.out, "--out")?;
     let selected = args.filter.select(matrix)?;
     let launcher = Launcher::resolve(args.launcher.as_deref())?;
-    let builder = super::builder(matrix, args.arch.as_deref(), true, None);
+    let builder = super::builder(matrix, args.arch.as_deref(), true, None, None);
     // Without a toolchain the commands still name `nvcc`, with every flag and folder they need.
     let (toolchain, flags) = match &builder {
         Ok(b) => (b.toolchain.clone(), b.flags.clone()),
@@ -30,7 +30,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let (archs, _) = arch::resolve(args.arch.as_deref(), &matrix.archs)?;
             (
                 Toolchain::placeholder(),
-                compile::output_flags(&matrix.nvcc_flags, &archs, true),
+                compile::output_flags(&matrix.nvcc_flags, &archs, true, false),
             )
         }
     };

@@ -15,6 +15,7 @@ use crate::cache::Cache;
 use crate::cli::JitArgs;
 use crate::compile::Launcher;
 use crate::error::UsageError;
+use crate::manylinux::Glibc;
 use crate::matrix::Matrix;
 use crate::records::{JitAnswer, JitSource};
 use crate::toolchain::Toolchain;
@@ -33,8 +34,9 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         .into());
     };
     let launcher = Launcher::resolve(args.launcher.as_deref())?;
+    let target = Glibc::resolve(args.manylinux.as_deref())?;
     let cache = Cache::open_default()?;
-    let toolchain = Toolchain::discover(Some(&cache.dir))?;
+    let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
     let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
     builder.launcher = launcher;
     let mut answer = JitAnswer {

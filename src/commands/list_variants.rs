@@ -9,14 +9,15 @@ use crate::records::ListRow;
 pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
     let selected = args.filter.select(matrix)?;
     // "cached" needs the toolchain for the keys; without one the column says so.
-    let cached: Vec<Option<bool>> = match super::builder(matrix, args.arch.as_deref(), true, None) {
-        Ok(b) => b
-            .prepare(&selected, None)?
-            .iter()
-            .map(|p| Some(b.cache.lookup(&p.key).hit().is_some()))
-            .collect(),
-        Err(_) => vec![None; selected.len()],
-    };
+    let cached: Vec<Option<bool>> =
+        match super::builder(matrix, args.arch.as_deref(), true, None, None) {
+            Ok(b) => b
+                .prepare(&selected, None)?
+                .iter()
+                .map(|p| Some(b.cache.lookup(&p.key).hit().is_some()))
+                .collect(),
+            Err(_) => vec![None; selected.len()],
+        };
     if args.json {
         let rows: Vec<_> = selected
             .iter()

@@ -18,6 +18,7 @@ use crate::build::Builder;
 use crate::cache::Cache;
 use crate::cli::{Cli, Command};
 use crate::compile::Launcher;
+use crate::manylinux::Glibc;
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 
@@ -79,18 +80,21 @@ impl ConfigSource {
     }
 }
 
-/// A builder over the matrix with the discovered toolchain, the shared cache, the resolved
-/// architectures and the compile launcher (`--launcher`, else `FLASHGEN_NVCC_LAUNCHER`).
+/// A builder over the matrix with the discovered toolchain (for `manylinux`'s glibc target,
+/// else `FLASHGEN_MANYLINUX`), the shared cache, the resolved architectures and the compile
+/// launcher (`--launcher`, else `FLASHGEN_NVCC_LAUNCHER`).
 pub(crate) fn builder<'m>(
     matrix: &'m Matrix,
     arch: Option<&str>,
     compress: bool,
     launcher: Option<&str>,
+    manylinux: Option<&str>,
 ) -> Result<Builder<'m>> {
     let (archs, _) = arch::resolve(arch, &matrix.archs)?;
     let launcher = Launcher::resolve(launcher)?;
+    let target = Glibc::resolve(manylinux)?;
     let cache = Cache::open_default()?;
-    let toolchain = Toolchain::discover(Some(&cache.dir))?;
+    let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
     let mut builder = Builder::new(matrix, toolchain, cache, archs, compress);
     builder.launcher = launcher;
     Ok(builder)

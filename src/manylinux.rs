@@ -1,0 +1,367 @@
+//! `--manylinux 2_N`: nvcc's host compiler becomes `zig c++` targeting glibc 2.N, so every `.so`
+//! needs nothing newer from glibc and the wheel can be tagged `manylinux_2_N`.
+//!
+//! Why: `libcudart_static.a`, linked by the system's g++, binds its pthread/dl/sem/shm calls to
+//! the symbol versions of the glibc it is linked on (2.34 on current distributions), and pip then
+//! refuses the wheel on older systems (Ubuntu 20.04, RHEL 8). zig ships the symbol lists of every
+//! glibc release and links against stubs of the one asked for.
+//!
+//! The compiler is the pinned PyPI `ziglang==0.13.0` (clang 18; later releases fail with nvcc),
+//! run through a small wrapper that flashgen writes into the cache, named by its content:
+//! - `-target <arch>-linux-gnu.2.N`;
+//! - `-nostdinc++` and the GNU libstdc++ headers of the system's g++ (as `-I`, so that their
+//!   `#include_next <math.h>` reaches zig's libc headers, which zig passes as `-isystem`): the
+//!   objects then use the same C++ library as a g++ build;
+//! - on a link only (no `-c`/`-E`/`-S`/`-M`): `-Wl,--no-gc-sections` (zig's linker would
+//!   otherwise drop the device-link cubins, which nothing references by symbol) and
+//!   `-nostdlib++ -lstdc++`, which zig answers with its own static LLVM libc++/libc++abi/libunwind:
+//!   that brings the C++ ABI runtime (`__gxx_personality_v0`, `__cxa_guard_*`,
+//!   `_Unwind_Resume`), without which the `.so` links but fails to load. The `.so` then needs no
+//!   libstdc++ at all. (g++'s own `libstdc++.a` is no substitute: it is built against the
+//!   system's glibc and needs its newer symbols, `__libc_single_threaded` for one.)
+//!
+//! zig 0.13's linker refuses `--build-id=none`; it writes no build ID unless asked, so the flag
+//! is dropped from the link ([`crate::compile::output_flags`]) and the bytes stay reproducible.
+//!
+//! What keys the cache: the target glibc, `zig version`, zig's clang version line, the g++
+//! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags),
+//! never a path.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::UsageError;
+use crate::fsutil;
+
+/// The variable that selects a target when `--manylinux` is not given (the Python loader passes
+/// its environment to `flashgen jit`, so a JIT builds like the wheel it came with).
+pub const MANYLINUX_ENV: &str = "FLASHGEN_MANYLINUX";
+
+/// The variable naming the zig to use instead of the search.
+pub const ZIG_ENV: &str = "FLASHGEN_ZIG";
+
+/// The zig release the wrapper is written for (`ziglang==0.13.0` on PyPI).
+pub const ZIG_RELEASE: &str = "0.13.";
+
+/// A target glibc, `2.N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Glibc {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Glibc {
+    /// `2_17`, `2.17` or `manylinux_2_17`.
+    pub fn parse(text: &str, from: &str) -> Result<Glibc> {
+        let t = text.trim().trim_start_matches("manylinux_");
+        let parsed = t.split_once(['_', '.']).and_then(|(a, b)| {
+            Some(Glibc {
+                major: a.parse().ok()?,
+                minor: b.parse().ok()?,
+            })
+        });
+        match parsed {
+            // zig 0.13 knows glibc 2.17 and newer; 2.17 is also manylinux2014's baseline.
+            Some(g) if g.major == 2 && g.minor >= 17 => Ok(g),
+            _ => Err(UsageError::new(format!(
+                "{from} {text:?}: not a glibc target flashgen can build for"
+            ))
+            .with_hint("give a manylinux glibc version of 2.17 or newer, e.g. --manylinux 2_17")
+            .into()),
+        }
+    }
+
+    /// `--manylinux`, else [`MANYLINUX_ENV`] when set and not empty; None builds with g++.
+    pub fn resolve(cli: Option<&str>) -> Result<Option<Glibc>> {
+        if let Some(t) = cli {
+            return Glibc::parse(t, "--manylinux").map(Some);
+        }
+        match std::env::var(MANYLINUX_ENV) {
+            Ok(t) if !t.trim().is_empty() => Glibc::parse(&t, MANYLINUX_ENV).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// `manylinux_2_17`, the wheel tag's prefix.
+    pub fn tag(&self) -> String {
+        format!("manylinux_{}_{}", self.major, self.minor)
+    }
+
+    /// zig's target triple, e.g. `x86_64-linux-gnu.2.17`.
+    pub fn zig_target(&self) -> String {
+        format!(
+            "{}-linux-gnu.{}.{}",
+            std::env::consts::ARCH,
+            self.major,
+            self.minor
+        )
+    }
+}
+
+/// The wrapper, before the paths are filled in. Its hash is part of the cache key, so changing a
+/// flag here rebuilds every zig-built instance.
+const WRAPPER_TEMPLATE: &str = r#"#!/bin/sh
+# nvcc's host compiler for @TAG@, written by flashgen (see DEVELOPERS.md, "manylinux").
+# zig c++ links against glibc @GLIBC@'s symbol versions; GNU libstdc++'s headers replace zig's
+# libc++ so the objects match a g++ build. A link (no -c, -E, -S, -M) keeps every section (zig's
+# linker would drop nvcc's device-link cubins) and takes the C++ ABI runtime from zig's static
+# libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++.
+link=1
+for a in "$@"; do
+  case "$a" in -c|-E|-S|-M|-MM) link=0 ;; esac
+done
+if [ "$link" = 1 ]; then
+  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" -Wl,--no-gc-sections -nostdlib++ -lstdc++
+fi
+exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@"
+"#;
+
+/// The host compiler nvcc gets for a glibc target.
+#[derive(Debug, Clone)]
+pub struct ZigHost {
+    /// The wrapper in the cache (passed as `-ccbin`).
+    pub wrapper: PathBuf,
+    /// What keys the cache (see the module doc); also what `doctor` and manifests show.
+    pub identity: String,
+    /// The zig binary and how it was found.
+    pub zig: PathBuf,
+    pub found_by: String,
+}
+
+/// What the probes found, memoized in the cache by the programs' path, size and mtime.
+#[derive(Serialize, Deserialize)]
+struct Probe {
+    zig_version: String,
+    clang_version: String,
+    gxx_version: String,
+    includes: Vec<PathBuf>,
+}
+
+impl ZigHost {
+    /// Finds zig and g++'s libstdc++ headers, and writes the wrapper into `cache_dir/toolchain/` (a
+    /// temp folder when there is no usable cache). `nvcc` is the nvcc in use: the PyPI zig is
+    /// looked for in the same Python environment as the PyPI nvcc.
+    pub fn prepare(
+        target: Glibc,
+        nvcc: &Path,
+        gxx: &Path,
+        cache_dir: Option<&Path>,
+    ) -> Result<Self> {
+        let (zig, found_by) = find_zig(nvcc)?;
+        let probe = probe(&zig, gxx, cache_dir)?;
+        if !probe.zig_version.starts_with(ZIG_RELEASE) {
+            return Err(UsageError::new(format!(
+                "--manylinux: {} is zig {}; flashgen's wrapper is written for zig {ZIG_RELEASE}x (clang 18)",
+                zig.display(),
+                probe.zig_version
+            ))
+            .with_hint(format!(
+                "pip install ziglang==0.13.0 (later releases fail with nvcc), or point {ZIG_ENV} at a zig 0.13"
+            ))
+            .into());
+        }
+        let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
+        let includes: Vec<String> = probe
+            .includes
+            .iter()
+            .map(|d| format!("-I{}", quote(d)))
+            .collect();
+        let text = WRAPPER_TEMPLATE
+            .replace("@TAG@", &target.tag())
+            .replace("@GLIBC@", &format!("{}.{}", target.major, target.minor))
+            .replace("@TARGET@", &target.zig_target())
+            .replace("@ZIG@", &quote(&zig))
+            .replace("@INCLUDES@", &includes.join(" "));
+        // The wrapper is executed, so it lives only in the private, verified cache.
+        let dir = cache_dir
+            .ok_or_else(|| {
+                anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
+            })?
+            .join("toolchain");
+        let wrapper = dir.join(format!(
+            "zig-cxx-{}",
+            &fsutil::sha256_bytes(text.as_bytes())[..16]
+        ));
+        write_executable(&wrapper, text.as_bytes())?;
+        let identity = format!(
+            "zig {} c++ -target {} ({}); libstdc++ of {}; wrapper {}",
+            probe.zig_version,
+            target.zig_target(),
+            probe.clang_version,
+            probe.gxx_version,
+            &fsutil::sha256_bytes(WRAPPER_TEMPLATE.as_bytes())[..16],
+        );
+        Ok(ZigHost {
+            wrapper,
+            identity,
+            zig,
+            found_by,
+        })
+    }
+}
+
+/// Writes the wrapper unless the same bytes are there, mode 0755. The name is the content's
+/// hash, but the bytes are compared anyway: the cache is private, yet a wrapper is executed.
+fn write_executable(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = std::fs::read(path).is_ok_and(|old| old == bytes)
+        && std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o755);
+    if !ok {
+        fsutil::write_atomic(path, bytes)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot make {} executable", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `FLASHGEN_ZIG`, else `ziglang/zig` in the site-packages that holds the PyPI nvcc (ci/setup.sh
+/// installs both into `.venv`), else in the active Python environment, else `zig` on PATH.
+fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
+    if let Some(p) = std::env::var_os(ZIG_ENV) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok((p, ZIG_ENV.into()))
+        } else {
+            Err(UsageError::new(format!("{ZIG_ENV}={} is not a file", p.display())).into())
+        };
+    }
+    let nvcc = std::fs::canonicalize(nvcc).unwrap_or_else(|_| nvcc.to_path_buf());
+    // <site>/nvidia/cu13/bin/nvcc: the site-packages folder is four levels up.
+    if let Some(site) = nvcc.ancestors().nth(4) {
+        let p = site.join("ziglang/zig");
+        if p.is_file() {
+            return Ok((
+                p,
+                format!("python package ziglang beside nvcc in {}", site.display()),
+            ));
+        }
+    }
+    for site in crate::toolchain::python_site_packages() {
+        let p = site.join("ziglang/zig");
+        if p.is_file() {
+            return Ok((p, format!("python package ziglang in {}", site.display())));
+        }
+    }
+    if let Ok(p) = which::which("zig") {
+        return Ok((p, "PATH".into()));
+    }
+    Err(UsageError::new(
+        "--manylinux needs zig as nvcc's host compiler, and none was found (looked at FLASHGEN_ZIG, the ziglang package beside nvcc and in the active Python environment, PATH)",
+    )
+    .with_hint("pip install ziglang==0.13.0 (ci/setup.sh installs it into .venv)")
+    .into())
+}
+
+fn probe(zig: &Path, gxx: &Path, cache_dir: Option<&Path>) -> Result<Probe> {
+    let mut id = Sha256::new();
+    id.update("zig-probe 2\n");
+    for p in [zig, gxx] {
+        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
+        id.update(format!(
+            "{}|{}|{:?}\n",
+            p.display(),
+            meta.len(),
+            meta.modified().ok()
+        ));
+    }
+    let memo = cache_dir.map(|d| {
+        d.join("toolchain")
+            .join(format!("{:x}.json", id.finalize()))
+    });
+    if let Some(p) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
+        if let Ok(p) = serde_json::from_str::<Probe>(&p) {
+            return Ok(p);
+        }
+    }
+    let zig_version = output(Command::new(zig).arg("version"))?.trim().to_string();
+    let clang_version = first_line(&output(Command::new(zig).args(["c++", "--version"]))?);
+    let gxx_version = first_line(&output(Command::new(gxx).arg("--version"))?);
+    // g++'s own search list; its libstdc++ folders are those with `c++` in the path.
+    let search = output_all(Command::new(gxx).args(["-xc++", "-E", "-v", "/dev/null"]))?;
+    let includes: Vec<PathBuf> = search
+        .lines()
+        .skip_while(|l| !l.starts_with("#include <...>"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("End of search list"))
+        .map(|l| PathBuf::from(l.trim()))
+        .filter(|p| p.components().any(|c| c.as_os_str() == "c++"))
+        .collect();
+    if includes.is_empty() {
+        return Err(UsageError::new(format!(
+            "--manylinux: {} lists no GNU libstdc++ headers in its search path",
+            gxx.display()
+        ))
+        .with_hint("install g++ (apt-get install g++), or set NVCC_CCBIN to a g++ that has them")
+        .into());
+    }
+    let p = Probe {
+        zig_version,
+        clang_version,
+        gxx_version,
+        includes,
+    };
+    if let Some(memo) = memo {
+        let _ = fsutil::write_atomic(&memo, serde_json::to_string(&p)?.as_bytes());
+    }
+    Ok(p)
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    run(cmd).map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// stdout and stderr (g++ -v writes its search list on stderr).
+fn output_all(cmd: &mut Command) -> Result<String> {
+    run(cmd).map(|o| {
+        String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
+    })
+}
+
+fn run(cmd: &mut Command) -> Result<std::process::Output> {
+    let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
+    argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    crate::ui::trace(&argv);
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {}", argv.join(" ")))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`{}` failed ({}):\n{}",
+            argv.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glibc_targets_parse_in_every_spelling() {
+        for t in ["2_17", "2.17", "manylinux_2_17", " 2_17 "] {
+            assert_eq!(
+                Glibc::parse(t, "--manylinux").unwrap(),
+                Glibc {
+                    major: 2,
+                    minor: 17
+                }
+            );
+        }
+        assert_eq!(Glibc::parse("2_28", "x").unwrap().tag(), "manylinux_2_28");
+        for bad in ["2_5", "3_1", "217", "", "2_x", "manylinux2014"] {
+            assert!(Glibc::parse(bad, "--manylinux").is_err(), "{bad}");
+        }
+    }
+}
