@@ -14,23 +14,13 @@
 #include <cuda_fp16.h>
 
 #include "flashgen/decode/traits.cuh"
+#include "flashgen/dtype.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 
 namespace flashgen {
 namespace decode {
-
-__device__ __forceinline__ float to_float(half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ half from_float<half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 /** K and V of one kv head stored densely by token: row `pos` at base + pos * stride_n. */
 template <typename DTypeKV>

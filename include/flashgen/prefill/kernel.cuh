@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "flashgen/dtype.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/ptx_sm80.cuh"
@@ -33,23 +34,12 @@
 namespace flashgen {
 namespace prefill {
 
-__device__ __forceinline__ float to_f(half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_f(float x);
-template <>
-__device__ __forceinline__ half from_f<half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 /** 8 packed 16-bit values <-> floats. */
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
   const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = to_f(e[i]);
+  for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
 }
 template <typename T>
 __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "flashgen/dtype.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int j = 0; j < kD / 32; ++j) {
       const float value = kSoftmax ? (den > 0.f ? acc[j] / den : 0.f) : acc[j];
       dst[j * 32 + lane] =
-          from_f<DTypeO>(hooks::output_transform(variant, params, value, w.batch, token, head));
+          from_float<DTypeO>(hooks::output_transform(variant, params, value, w.batch, token, head));
     }
     if (lane == 0 && params.lse != nullptr) {
       params.lse[(rq.q_row0 + token) * params.num_qo_heads + head] =
