@@ -14,6 +14,7 @@
 #include "flashgen/abi.h"
 #include "flashgen/launch.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
 
@@ -52,31 +53,20 @@ int run(const Args& a, const DeviceInfo& dev) {
   using Variant = typename Tag::template type<Params>;
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_paged")) return st;
-  p.q = static_cast<const DType*>(a.q);
+  prefill::fill_q_o(p, a);
   p.paged_kv = static_cast<const DType*>(a.paged_kv);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
   p.qo_indptr = a.qo_indptr;
   p.kv_indptr = a.kv_indptr;
   p.kv_indices = a.kv_indices;
   p.kv_last_page_len = a.kv_last_page_len;
   p.q_rope_offset = a.q_rope_offset;
   p.kv_rope_offset = a.kv_rope_offset;
-  p.q_stride_n = a.q_stride_n;
-  p.q_stride_h = a.q_stride_h;
   p.kv_stride_page = a.kv_stride_page;
   p.kv_stride_kv = a.kv_stride_kv;
   p.kv_stride_n = a.kv_stride_n;
   p.kv_stride_h = a.kv_stride_h;
-  p.o_stride_n = a.o_stride_n;
-  p.o_stride_h = a.o_stride_h;
   p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.page_size = static_cast<uint32_t>(a.page_size);
-  p.sm_scale = a.sm_scale;
-  p.rope_scale = a.rope_scale;
-  p.rope_theta = a.rope_theta;
   return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
       p, a.total_q, kv_rows(a, PAGE_SIZE), a.workspace, a.workspace_bytes, dev,
       static_cast<cudaStream_t>(a.stream));

@@ -14,6 +14,7 @@
 #include "flashgen/abi.h"
 #include "flashgen/launch.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
 
@@ -53,29 +54,13 @@ int run(const Args& a, const DeviceInfo& dev) {
   using Variant = typename Tag::template type<Params>;
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_ragged")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
+  prefill::fill_q_o(p, a);
+  prefill::fill_contiguous_kv(p, a);
   p.qo_indptr = a.qo_indptr;
   p.kv_indptr = a.kv_indptr;
   p.q_rope_offset = a.q_rope_offset;
   p.kv_rope_offset = a.kv_rope_offset;
-  p.q_stride_n = a.q_stride_n;
-  p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
-  p.o_stride_n = a.o_stride_n;
-  p.o_stride_h = a.o_stride_h;
   p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.sm_scale = a.sm_scale;
-  p.rope_scale = a.rope_scale;
-  p.rope_theta = a.rope_theta;
   return prefill::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(
       p, a.total_q, kv_rows(a, 1), a.workspace, a.workspace_bytes, dev,
       static_cast<cudaStream_t>(a.stream));
