@@ -18,6 +18,15 @@ const ONE: [&str; 5] = [
     "variant=scaled",
 ];
 
+/// The loopback sccache-dist test runs alone: its build server and scheduler time out or fall
+/// back to local compiles when the other tests of this file compile beside it on a small
+/// machine. The others share the lock among themselves.
+static DIST_ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    DIST_ALONE.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn uri(terms: &[&str]) -> String {
     let mut u = "toy".to_string();
     for t in terms {
@@ -29,6 +38,7 @@ fn uri(terms: &[&str]) -> String {
 
 #[test]
 fn two_steps_give_the_bytes_of_the_one_step_build() {
+    let _shared = shared();
     let t = Tree::new("toy");
     let b = build_json(&t, "out", &wheres(&ONE));
     let split = std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap();
@@ -85,6 +95,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
 
 #[test]
 fn a_failing_compile_prints_the_step_alone() {
+    let _shared = shared();
     let t = Tree::new("toy");
     t.write(
         "include/toy/variants/scaled.cuh",
@@ -117,6 +128,7 @@ fn a_failing_compile_prints_the_step_alone() {
 
 #[test]
 fn a_launcher_that_is_not_found_is_a_usage_error() {
+    let _shared = shared();
     let t = Tree::new("toy");
     let o = t.run(&["build", "--out", "out", "--launcher", "no-such-launcher-x"]);
     assert_usage_error(&o, &["--launcher", "`no-such-launcher-x` was not found"]);
@@ -149,6 +161,7 @@ fn recording_launcher(t: &Tree) -> PathBuf {
 
 #[test]
 fn the_launcher_runs_the_compile_only_and_stays_out_of_the_key() {
+    let _shared = shared();
     let t = Tree::new("toy");
     let plain = build_json(&t, "plain", &wheres(&ONE));
     let launcher = recording_launcher(&t);
@@ -186,6 +199,7 @@ fn the_launcher_runs_the_compile_only_and_stays_out_of_the_key() {
 
 #[test]
 fn the_jit_honours_the_launcher_variable() {
+    let _shared = shared();
     // The Python loader runs `flashgen jit` with its own environment, so the variable reaches it.
     let t = Tree::new("toy");
     let launcher = recording_launcher(&t);
@@ -207,6 +221,7 @@ fn the_jit_honours_the_launcher_variable() {
 
 #[test]
 fn nvcc_environment_flags_key_the_cache() {
+    let _shared = shared();
     let t = Tree::new("toy");
     let key = |var: Option<(&str, &str)>| -> Value {
         let mut c = t.cmd();
@@ -243,6 +258,7 @@ fn read_so(dir: &Path, uri: &str) -> Vec<u8> {
 
 #[test]
 fn ninja_builds_the_plan_with_flashgens_bytes() {
+    let _shared = shared();
     let Some(ninja) = tool("ninja") else {
         panic!("ninja (ci/requirements-test.txt) is missing: run ci/setup.sh")
     };
@@ -380,6 +396,7 @@ impl Drop for Sccache {
 
 #[test]
 fn sccache_hits_across_output_folders_with_the_same_bytes() {
+    let _shared = shared();
     let Some(bin) = tool("sccache") else {
         eprintln!("SKIPPED: sccache (ci/requirements-test.txt) is not installed");
         return;
@@ -552,6 +569,7 @@ fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
 
 #[test]
 fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
+    let _alone = DIST_ALONE.write().unwrap_or_else(|e| e.into_inner());
     let (sccache, dist) = match dist_unavailable() {
         Ok(found) => found,
         Err(why) => return skip(&format!("loopback sccache-dist: {why}")),
