@@ -14,6 +14,17 @@
  *    LogitsMask keeps key kv for query qo exactly when lo <= kv <= hi, with lo and hi
  *    nondecreasing in qo. The kernel then visits only kv tiles that intersect [lo(first query),
  *    hi(last query)] and runs tiles inside [lo(last), hi(first)] mask-free (sliding window).
+ *  - `LinearBias(params, batch_idx, qo_idx, qo_head_idx, kv_head_idx, float& slope,
+ *    int32_t& origin)` (optional): the variant's LogitsTransform is exactly
+ *    `logits + slope * float(int32_t(kv_idx) - origin)` for that query row and head (ALiBi). The
+ *    kernel then reads slope and origin once per row (at the Q load) and never calls
+ *    LogitsTransform: per kv tile and row one float base, per logit one FFMA with a constant
+ *    column offset (the logit's kv_idx - origin is exact in int32 either way). Decode keeps
+ *    calling LogitsTransform, so a variant with this hook works unchanged in both.
+ *  - `LogitsRange(params, float& lo, float& hi)` (optional, softmax variants): every logit the
+ *    prefill transform returns lies in [lo, hi] (base 2; soft_cap: +-cap * log2 e). When the
+ *    weights 2^(x - hi) stay normal (hi - lo <= 120) and P is bf16 (8 exponent bits, as fp32),
+ *    the kernel uses hi as a fixed softmax reference: no running max, no rescale of O.
  */
 #pragma once
 
@@ -69,6 +80,23 @@ struct has_mask_bounds<V, P,
                            std::declval<const P&>(), uint32_t(), uint32_t(),
                            std::declval<int32_t&>(), std::declval<int32_t&>()))>>
     : std::true_type {};
+
+template <typename V, typename P, typename = void>
+struct has_linear_bias : std::false_type {};
+template <typename V, typename P>
+struct has_linear_bias<V, P,
+                       std::void_t<decltype(std::declval<V&>().LinearBias(
+                           std::declval<const P&>(), uint32_t(), uint32_t(), uint32_t(),
+                           uint32_t(), std::declval<float&>(), std::declval<int32_t&>()))>>
+    : std::true_type {};
+
+template <typename V, typename P, typename = void>
+struct has_logits_range : std::false_type {};
+template <typename V, typename P>
+struct has_logits_range<V, P,
+                        std::void_t<decltype(std::declval<V&>().LogitsRange(
+                            std::declval<const P&>(), std::declval<float&>(),
+                            std::declval<float&>()))>> : std::true_type {};
 
 template <typename V, typename P>
 __device__ __forceinline__ float logits_transform(V& v, const P& params, float logits,

@@ -69,6 +69,35 @@ constexpr bool has_variant_mask() {
 #define FLASHGEN_PREFILL_RESCALE_THRESHOLD 8.0f
 #endif
 
+/** Softmax exp2 on the FMA pipe (math::exp2_fma) for this many of every 8 logits, the rest on
+ *  the MUFU unit: for variants whose own LogitsTransform already spends a MUFU op per logit
+ *  (soft_cap's tanh), and for the others. 0 for both: every eighth tried cost time on the H200
+ *  (NOTES-prefill.md run 8: the softmax phase is bound by issue slots, not by MUFU). */
+#ifndef FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
+#define FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM 0
+#endif
+#ifndef FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS
+#define FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS 0
+#endif
+/** 0: never use a variant's LogitsRange as a fixed softmax reference (A/B switch). */
+#ifndef FLASHGEN_PREFILL_FIXED_MAX
+#define FLASHGEN_PREFILL_FIXED_MAX 1
+#endif
+
+/** 1: K/V tiles wholly inside kv_len copy without the per-row compare and selects (a
+ *  warp-uniform branch). Measured in run 8 (NOTES-prefill.md): soft_cap -4 %, ALiBi -1.5 %, the
+ *  default within noise, but a new 4/40 B spill in the ragged default kernel and no GPU run of
+ *  the correctness cases yet: off. */
+#ifndef FLASHGEN_PREFILL_WHOLE_TILE_COPIES
+#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 0
+#endif
+
+/** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
+struct RowBias {
+  float slope;
+  int32_t origin;
+};
+
 /**
  * The kernel. Params is one of the three prefill params structs; Sched maps block -> unit;
  * rope_k is the rotated-K workspace (POS == kPosRopeLlama), part the split partials.
@@ -91,8 +120,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == kPosRopeLlama;
   constexpr bool kVarMask = has_variant_mask<Variant, Params>();
-  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>();
+  constexpr bool kLinearBias = has_linear_bias<Variant, Params>::value;
+  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>() && !kLinearBias;
   constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
+  // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
+  constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
+                                 has_logits_range<Variant, Params>::value &&
+                                 std::is_same<DTypeKV, __nv_bfloat16>::value;
+  constexpr int kExpFma = !kSoftmax ? 0
+                          : kVarLogits ? FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
+                                       : FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS;
 
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::wait_prerequisite_grid();  // prep / rope pre-pass (PDL on sm_90; no-op otherwise)
@@ -122,6 +159,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // kv_head * G + p - token * G).
   int32_t* row_token =
       reinterpret_cast<int32_t*>(kv_smem + 2 * Traits::kStages * Traits::kKVTileBytes);
+  RowBias* row_bias = reinterpret_cast<RowBias*>(row_token + Traits::kTileQ);
+  (void)row_bias;
 
   Variant variant(params, w.batch, variant_smem);
 
@@ -195,21 +234,31 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
       const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kKVTileBytes + copy_dst;
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
+      // A tile wholly inside kv_len (all but the last) copies with no per-row checks: a
+      // warp-uniform branch instead of a compare and two selects per 16-byte copy.
+      const bool whole = FLASHGEN_PREFILL_WHOLE_TILE_COPIES && kt * kTileKV + kTileKV <= kv_len;
       if constexpr (kPageFast) {
+        auto copies = [&](auto whole_tag) {
 #pragma unroll
-        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-          const int32_t pos = pos0 + i * Traits::kCopyRows;
-          const bool valid = pos < kv_len;
-          const DTypeKV* src;
-          if (!is_v && decltype(kv)::kKDense) {
-            src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
-          } else {
-            src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
-                  (is_v ? kv.stride_kv : 0) +
-                  int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            const int32_t pos = pos0 + i * Traits::kCopyRows;
+            const bool valid = decltype(whole_tag)::value || pos < kv_len;
+            const DTypeKV* src;
+            if (!is_v && decltype(kv)::kKDense) {
+              src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
+            } else {
+              src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
+                    (is_v ? kv.stride_kv : 0) +
+                    int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
+            }
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                             valid ? 16u : 0u);
           }
-          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
-                           valid ? 16u : 0u);
+        };
+        if (whole) {
+          copies(std::true_type{});
+        } else {
+          copies(std::false_type{});
         }
       } else if constexpr (decltype(kv)::kPaged) {
 #pragma unroll
@@ -226,12 +275,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         const DTypeKV* base = (is_v ? kv.v : kv.k) + copy_chunk * 8;
         const DTypeKV* src = base + int64_t(pos0) * stride;
         const int64_t step = int64_t(Traits::kCopyRows) * stride;
+        if (whole) {
 #pragma unroll
-        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-          const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
-          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
-                           valid ? 16u : 0u);
-          src += step;
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src, 16u);
+            src += step;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
+                             valid ? 16u : 0u);
+            src += step;
+          }
         }
       }
     }
@@ -260,7 +317,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const uint32_t p = p0 + r;
       const int32_t token = int32_t(p / G);
       const uint32_t head = kv_head * G + p % G;
-      if (c == 0) row_token[r] = token;
+      if (c == 0) {
+        row_token[r] = token;
+        if constexpr (kLinearBias) {
+          RowBias rb{0.f, 0};
+          if (token < qo_len) {
+            variant.LinearBias(params, w.batch, uint32_t(token), head, kv_head, rb.slope,
+                               rb.origin);
+          }
+          row_bias[r] = rb;
+        }
+      }
       float lo[8], hi[8];
       if (token < qo_len) {
         const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
@@ -318,6 +385,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     return base + (rel ^ uint32_t((2 * (s % 4)) << 4)) + uint32_t((s / 4) * 128);
   };
 
+  // Logits bounded to [lo, hi] with hi - lo <= 120 (LogitsRange): hi is the softmax reference
+  // of every row (weights >= 2^-120 stay normal in fp32 and bf16), so the tiles skip the running
+  // max and the rescale (a warp-uniform branch: two copies of the loops spilled).
+  bool fixed_max = false;
+  if constexpr (kFixedMaxAble) {
+    float lo, hi;
+    variant.LogitsRange(params, lo, hi);
+    fixed_max = hi - lo <= 120.f;
+    if (fixed_max) {
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) m[mq][0] = m[mq][1] = hi;
+    }
+  }
+
   auto step = [&](int32_t kt, auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
@@ -358,6 +439,33 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     if constexpr (Traits::kStages == 1) {
       __syncthreads();  // every warp is done with the K buffer
       issue(kt + 1, false);
+    }
+
+    // ---- linear bias (LinearBias): s += slope * (kv - origin) as one FFMA per logit with the
+    // column's constant offset; the row's part, slope * (kv0 - origin), is kept apart and folded
+    // into the max and the exp2's reference (or added here without softmax).
+    float row_base[kMmaQ][2];
+    (void)row_base;
+    if constexpr (kLinearBias) {
+      const int32_t kv0 = kt * kTileKV + int32_t(2 * pair);
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const RowBias rb = row_bias[warp_row0 + mq * 16 + group + 8 * h];
+          const float base = rb.slope * float(kv0 - rb.origin);
+          row_base[mq][h] = base;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              float& x = s[mq][nt][2 * h + e1];
+              x = fmaf(rb.slope, float(nt * 8 + e1), x);
+              if constexpr (!kSoftmax) x += base;
+            }
+          }
+        }
+      }
     }
 
     // ---- logits transform and masks
@@ -402,29 +510,27 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
     }
 
-    // ---- online softmax (base 2). m is the reference of O and l: raised lazily (threshold).
-    float tile_max[kMmaQ][2];
-    bool need_rescale = false;
-    (void)tile_max;
-    (void)need_rescale;
+    // ---- online softmax (base 2). m is the reference of O and l: raised lazily (threshold);
+    // fixed (no max, no rescale) with a LogitsRange reference.
+    if (kSoftmax && !fixed_max) {
+      float tile_max[kMmaQ][2];
+      bool need_rescale = false;
 #pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq) {
+      for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (kSoftmax) {
-          float mx = m[mq][h];
+        for (int h = 0; h < 2; ++h) {
+          float mx = kLinearBias ? -math::inf : m[mq][h];
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
           }
+          if constexpr (kLinearBias) mx = fmaxf(mx + row_base[mq][h], m[mq][h]);
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           tile_max[mq][h] = mx;
           need_rescale |= mx > m[mq][h] + float(FLASHGEN_PREFILL_RESCALE_THRESHOLD);
         }
       }
-    }
-    if constexpr (kSoftmax) {
       // Warp-uniform: rescale O only when some row's max rose past the threshold.
       if (__any_sync(0xffffffffu, need_rescale)) {
 #pragma unroll
@@ -450,12 +556,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (kSoftmax) {
-          const float m_ref = m[mq][h] == -math::inf ? 0.f : m[mq][h];
+          float m_ref = m[mq][h] == -math::inf ? 0.f : m[mq][h];
+          if constexpr (kLinearBias) m_ref -= row_base[mq][h];
           float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
-            s[mq][nt][2 * h] = math::ptx_exp2(s[mq][nt][2 * h] - m_ref);
-            s[mq][nt][2 * h + 1] = math::ptx_exp2(s[mq][nt][2 * h + 1] - m_ref);
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              // kExpFma of every 8 logits on the FMA pipe, the rest on MUFU (compile-time).
+              const float x = s[mq][nt][2 * h + e1] - m_ref;
+              s[mq][nt][2 * h + e1] =
+                  (2 * nt + e1) % 8 < kExpFma ? math::exp2_fma(x) : math::ptx_exp2(x);
+            }
             sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
           }
           l[mq][h] += sum;

@@ -22,9 +22,14 @@ template <int HEAD_DIM>
 struct PrefillConfig;
 
 // head_dim 64: 4 warps x 32 rows, 128-row kv tiles (S 128 + O 64 floats per thread).
+// (FLASHGEN_PREFILL_D64_TILE_KV overrides the kv tile for experiments.)
+#ifndef FLASHGEN_PREFILL_D64_TILE_KV
+#define FLASHGEN_PREFILL_D64_TILE_KV 128
+#endif
 template <>
 struct PrefillConfig<64> {
-  static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = 128, kStages = 2, kMinCtas = 2;
+  static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = FLASHGEN_PREFILL_D64_TILE_KV, kStages = 2,
+                       kMinCtas = 2;
 };
 // head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
 // (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES}.)
@@ -75,7 +80,8 @@ struct PrefillTraits {
   static constexpr int kVariantSmemBytes = 256;
   static constexpr int kQSmemBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVTileBytes = kTileKV * kHeadDim * 2;
-  static constexpr int kRowInfoBytes = kTileQ * 4;  // token of each packed row
+  // token of each packed row, then its linear bias (slope, origin) where the variant has one
+  static constexpr int kRowInfoBytes = kTileQ * 12;
   static constexpr int kSmemBytes =
       kVariantSmemBytes + kQSmemBytes + 2 * kStages * kKVTileBytes + kRowInfoBytes;
   static_assert(kThreads % kChunks == 0 && kTileKV % kCopyRows == 0, "copy layout");

@@ -25,4 +25,12 @@ struct ALiBi : DefaultAttention<ParamsT_> {
     // 32-bit integer distance (exact; the same float as the former 64-bit form).
     return logits + slope_log2e * float(int32_t(kv_idx) - (q_pos_base + int32_t(qo_idx)));
   }
+
+  /** The same bias for prefill's hoisted form (prefill/hooks.cuh): logits + slope * (kv - origin). */
+  __device__ __forceinline__ void LinearBias(const ParamsT& params, uint32_t, uint32_t qo_idx,
+                                             uint32_t qo_head_idx, uint32_t, float& slope,
+                                             int32_t& origin) {
+    slope = __ldg(params.alibi_slopes + qo_head_idx) * math::log2e;
+    origin = q_pos_base + int32_t(qo_idx);
+  }
 };

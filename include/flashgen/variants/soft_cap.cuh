@@ -38,4 +38,11 @@ struct LogitsSoftCap : AttentionVariantBase<ParamsT_> {
                                                       uint32_t, uint32_t, uint32_t) {
     return cap_log2e > 0.f ? cap_log2e * math::ptx_tanh(logits) : logits;
   }
+
+  /** Prefill (prefill/hooks.cuh): capped logits lie in [-cap, cap] * log2(e); unbounded without
+   *  a cap. */
+  __device__ __forceinline__ void LogitsRange(const ParamsT&, float& lo, float& hi) {
+    hi = cap_log2e > 0.f ? cap_log2e : math::inf;
+    lo = -hi;
+  }
 };
