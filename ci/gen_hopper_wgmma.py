@@ -5,7 +5,7 @@ per shape, dtype and operand source; PTX needs every accumulator register spelle
 Run: python3 ci/gen_hopper_wgmma.py > include/flashgen/hopper/wgmma_ops.cuh
 """
 
-NS = (64, 128, 256)
+NS = (64, 128, 176, 256)
 TYPES = (("__nv_bfloat16", "bf16"), ("half", "f16"))
 
 

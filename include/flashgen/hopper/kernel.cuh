@@ -60,13 +60,6 @@ __device__ __forceinline__ int32_t request_kv_row0(const Params& p, uint32_t bat
   }
 }
 
-/** Ping-pong between the two consumer warpgroups (FA3's warp scheduler barriers): a warpgroup
- *  issues its GEMMs of a step only after the other has issued its own, so one warpgroup's
- *  softmax runs while the other's GEMMs occupy the tensor cores. 0: no ordering. */
-#ifndef FLASHGEN_HOPPER_PINGPONG
-#define FLASHGEN_HOPPER_PINGPONG 1
-#endif
-
 #ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
@@ -288,14 +281,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     wg_commit();
   };
-  // Ping-pong: named barrier 3 + cw is "warpgroup cw may issue"; each issue step waits on its
+  // Ping-pong between the two consumer warpgroups (FA3's warp scheduler barriers; traits say
+  // per head_dim): a warpgroup issues its GEMMs of a step only after the other has issued its
+  // own, so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  // Named barrier 3 + cw is "warpgroup cw may issue"; each issue step waits on its
   // own and then arrives on the other's. Warpgroup 1 skips its last arrive and warpgroup 0 is
   // let in first, so arrivals and waits pair up exactly (both run the same number of steps).
   auto pp_wait = [&]() {
-    if constexpr (FLASHGEN_HOPPER_PINGPONG) named_barrier(3 + cw, 256);
+    if constexpr (Traits::kPingPong) named_barrier(3 + cw, 256);
   };
   auto pp_signal = [&](bool last) {
-    if constexpr (FLASHGEN_HOPPER_PINGPONG) {
+    if constexpr (Traits::kPingPong) {
       if (!(last && cw == 1)) named_barrier_arrive(3 + (1 - cw), 256);
     }
   };
@@ -386,7 +382,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
 
   if (n_tiles > 0) {
-    if constexpr (FLASHGEN_HOPPER_PINGPONG) {
+    if constexpr (Traits::kPingPong) {
       if (cw == 1) named_barrier_arrive(3, 256);
     }
     // ---- tile 0: S_0 only

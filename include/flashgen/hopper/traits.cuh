@@ -21,16 +21,28 @@ struct HopperConfig;
 template <>
 struct HopperConfig<64> {
   static constexpr int kTileKV = 128, kStages = 2;
+  static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
 };
 // S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
+// (Overridable for experiments: FLASHGEN_HOPPER_D128_{TILE_KV,STAGES}.)
+#ifndef FLASHGEN_HOPPER_D128_TILE_KV
+#define FLASHGEN_HOPPER_D128_TILE_KV 128
+#endif
+#ifndef FLASHGEN_HOPPER_D128_STAGES
+#define FLASHGEN_HOPPER_D128_STAGES 2
+#endif
 template <>
 struct HopperConfig<128> {
-  static constexpr int kTileKV = 128, kStages = 2;
+  static constexpr int kTileKV = FLASHGEN_HOPPER_D128_TILE_KV,
+                       kStages = FLASHGEN_HOPPER_D128_STAGES;
+  static constexpr bool kPingPong = true;  // run 1: 630 TFLOP/s with, 567 without
 };
-// S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V.
+// S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: run 1 measured 709 TFLOP/s
+// without and 688 with (causal 8192): the GEMMs dominate and the softmax is short.
 template <>
 struct HopperConfig<256> {
   static constexpr int kTileKV = 64, kStages = 2;
+  static constexpr bool kPingPong = false;
 };
 
 template <int HEAD_DIM_>
@@ -44,6 +56,11 @@ struct HopperTraits {
   static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
   static constexpr int kTileKV = HopperConfig<HEAD_DIM_>::kTileKV;
   static constexpr int kStages = HopperConfig<HEAD_DIM_>::kStages;
+#ifdef FLASHGEN_HOPPER_PINGPONG
+  static constexpr bool kPingPong = FLASHGEN_HOPPER_PINGPONG != 0;  // forced (experiments)
+#else
+  static constexpr bool kPingPong = HopperConfig<HEAD_DIM_>::kPingPong;
+#endif
   static constexpr int kBlocks = kHeadDim / 64;  // 128-byte column blocks per row
   static constexpr int kQBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVBytes = kTileKV * kHeadDim * 2;
