@@ -60,6 +60,41 @@ __device__ __forceinline__ int32_t request_kv_row0(const Params& p, uint32_t bat
   }
 }
 
+/** One work block (unit x kv head) as both roles see it. */
+struct HopperBlock {
+  prefill::WorkUnit w;
+  prefill::RequestInfo rq;
+  uint32_t kv_head, unit, p0;
+  int32_t qo_len, kv_len, kt_begin, n_tiles, free_a, free_b;
+};
+
+/** Order of a persistent CTA's blocks: 0 round-robin, 1 snake (see block_of). */
+#ifndef FLASHGEN_HOPPER_BLOCK_ORDER
+#define FLASHGEN_HOPPER_BLOCK_ORDER 0
+#endif
+
+/** Experiment (FA4's trick): in mask-free tiles, every N-th score's exp2 on the FMA pipe
+ *  (exp2_fma) instead of the MUFU unit, which computes 16 exp2 per clock per SM. 0: off. */
+#ifndef FLASHGEN_HOPPER_EXP2_FMA_EVERY
+#define FLASHGEN_HOPPER_EXP2_FMA_EVERY 0
+#endif
+
+/** 2^x for finite x <= 127 on the FMA pipe: x = j + r, |r| <= 1/2 (round to nearest by the
+ *  1.5 * 2^23 trick), 2^r by its degree-4 Taylor polynomial (relative error < 5e-5, under the
+ *  bf16/f16 rounding of P), 2^j added to the exponent bits. x < -126 gives 2^-126 or less. */
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = x + 12582912.f;
+  const int j = __float_as_int(t) - 0x4B400000;
+  const float r = x - (t - 12582912.f);
+  float p = fmaf(0.0013333558f, r, 0.0096181291f);
+  p = fmaf(p, r, 0.0555041087f);
+  p = fmaf(p, r, 0.2402265070f);
+  p = fmaf(p, r, 0.6931471806f);
+  p = fmaf(p, r, 1.0f);
+  return __int_as_float(__float_as_int(p) + (j << 23));
+}
+
 #ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
@@ -69,7 +104,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     hopper_prefill_kernel(const __grid_constant__ Params params,
                           const __grid_constant__ KVTensorMaps maps, const Sched sched,
                           const KVMapOrder order_k, const KVMapOrder order_v,
-                          const prefill::Partials part) {
+                          const prefill::Partials part, const uint32_t num_blocks) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // built for another architecture: the launcher refuses non-Hopper devices
 #else
@@ -127,57 +162,79 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   ptx::launch_dependents();
 
   const uint32_t num_kv_heads = params.num_kv_heads;
-  const uint32_t kv_head = blockIdx.x % num_kv_heads;
-  const uint32_t unit = blockIdx.x / num_kv_heads;
-  prefill::WorkUnit w;
-  if (!sched.get(unit, w)) return;
-  const prefill::RequestInfo rq = prefill::request_info(params, w.batch);
   const uint32_t G = params.num_qo_heads / num_kv_heads;
-  const int32_t qo_len = int32_t(rq.qo_len), kv_len = int32_t(rq.kv_len);
-  const uint32_t p0 = w.tile * uint32_t(kTileQ);
-  const int32_t first_token = int32_t(p0 / G);
-  const int32_t last_token =
-      int32_t(min(uint32_t(qo_len) * G - 1u, p0 + uint32_t(kTileQ) - 1u) / G);
-
   uint8_t* variant_smem = smem + Traits::kVariantOffset;
-  Variant variant(params, w.batch, variant_smem);
 
-  // ---- kv tile range (the portable kernel's rules)
-  const prefill::KVTileRange range =
-      prefill::kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
-  int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
-  if constexpr (kBounds) {
-    int32_t lo_f, hi_f, lo_l, hi_l;
-    variant.MaskBounds(params, w.batch, uint32_t(first_token), lo_f, hi_f);
-    variant.MaskBounds(params, w.batch, uint32_t(last_token), lo_l, hi_l);
-    t_lo = max(lo_f, 0) / kTileKV;
-    t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
-    t_hi = max(t_hi, t_lo);
-    free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
-    free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
-  } else if constexpr (kVarMask) {
-    free_hi = 0;
-  }
-  int32_t kt_begin = t_lo, kt_end = t_hi;
-  if (w.splits > 1) {
-    const int32_t per = (t_hi - t_lo + int32_t(w.splits) - 1) / int32_t(w.splits);
-    kt_begin = min(t_hi, t_lo + int32_t(w.chunk) * per);
-    kt_end = min(t_hi, kt_begin + per);
-  }
-  const int32_t n_tiles = kt_end - kt_begin;
-  // Visit order: [kt_begin, free_a) masked, [free_a, free_b) mask-free, [free_b, kt_end) masked.
-  const int32_t free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
-  const int32_t free_b = min(kt_end, max(free_a, free_hi));
+  // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
+  // grid) or snake (odd rounds reversed, so the CTA that took the heaviest block of a round
+  // takes the lightest of the next: blocks come heavy-first).
+  auto block_of = [&](uint32_t round) -> uint32_t {
+    const uint32_t c = (FLASHGEN_HOPPER_BLOCK_ORDER == 1 && (round & 1u))
+                           ? gridDim.x - 1u - blockIdx.x
+                           : blockIdx.x;
+    return round * gridDim.x + c;
+  };
+
+  // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
+  // tiles it visits (the portable kernel's rules). False: an empty unit-table slot.
+  auto plan = [&](uint32_t blk, HopperBlock& b) -> bool {
+    b.kv_head = blk % num_kv_heads;
+    b.unit = blk / num_kv_heads;
+    if (!sched.get(b.unit, b.w)) return false;
+    b.rq = prefill::request_info(params, b.w.batch);
+    const int32_t qo_len = int32_t(b.rq.qo_len), kv_len = int32_t(b.rq.kv_len);
+    b.qo_len = qo_len;
+    b.kv_len = kv_len;
+    b.p0 = b.w.tile * uint32_t(kTileQ);
+    const int32_t first_token = int32_t(b.p0 / G);
+    const int32_t last_token =
+        int32_t(min(uint32_t(qo_len) * G - 1u, b.p0 + uint32_t(kTileQ) - 1u) / G);
+    const prefill::KVTileRange range =
+        prefill::kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
+    int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
+    if constexpr (kBounds) {
+      Variant variant(params, b.w.batch, variant_smem);
+      int32_t lo_f, hi_f, lo_l, hi_l;
+      variant.MaskBounds(params, b.w.batch, uint32_t(first_token), lo_f, hi_f);
+      variant.MaskBounds(params, b.w.batch, uint32_t(last_token), lo_l, hi_l);
+      t_lo = max(lo_f, 0) / kTileKV;
+      t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
+      t_hi = max(t_hi, t_lo);
+      free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
+      free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
+    } else if constexpr (kVarMask) {
+      free_hi = 0;
+    }
+    int32_t kt_begin = t_lo, kt_end = t_hi;
+    if (b.w.splits > 1) {
+      const int32_t per = (t_hi - t_lo + int32_t(b.w.splits) - 1) / int32_t(b.w.splits);
+      kt_begin = min(t_hi, t_lo + int32_t(b.w.chunk) * per);
+      kt_end = min(t_hi, kt_begin + per);
+    }
+    b.kt_begin = kt_begin;
+    b.n_tiles = kt_end - kt_begin;
+    // Visit order: [kt_begin, free_a) masked, [free_a, free_b) mask-free, [free_b, kt_end)
+    // masked.
+    b.free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
+    b.free_b = min(kt_end, max(b.free_a, free_hi));
+    return true;
+  };
 
   if (wg == 0) {
     // ================= producer: one thread issues every K/V copy
     setmaxnreg_dec<Traits::kProducerRegs>();
     if (tid == 0) {
-      const int32_t row0 = request_kv_row0(params, w.batch);
-      for (int32_t j = 0; j < n_tiles; ++j) {
-        const uint32_t s = uint32_t(j % kStages);
-        const uint32_t ph = uint32_t(j / kStages) & 1u;
-        const int32_t row = row0 + (kt_begin + j) * kTileKV;
+      uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
+      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+      const uint32_t blk = block_of(round);
+      HopperBlock b;
+      if (blk >= num_blocks || !plan(blk, b)) continue;
+      const uint32_t kv_head = b.kv_head;
+      const int32_t row0 = request_kv_row0(params, b.w.batch);
+      for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+        const uint32_t s = g % kStages;
+        const uint32_t ph = (g / kStages) & 1u;
+        const int32_t row = row0 + (b.kt_begin + j) * kTileKV;
         const int32_t k1 = order_k.rows_first ? row : int32_t(kv_head);
         const int32_t k2 = order_k.rows_first ? int32_t(kv_head) : row;
         const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
@@ -195,6 +252,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
         }
       }
+      }
     }
     return;
   }
@@ -204,6 +262,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
   const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
   const uint32_t lane = tid & 31, warp4 = ctid / 32;
+  uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
+
+  for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+  const uint32_t blk = block_of(round);
+  HopperBlock b;
+  if (blk >= num_blocks || !plan(blk, b)) continue;
+  const prefill::WorkUnit w = b.w;
+  const prefill::RequestInfo rq = b.rq;
+  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
+  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
+  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
+  Variant variant(params, w.batch, variant_smem);
+  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
   // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
   {
@@ -349,7 +420,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
-        s[i] = math::ptx_exp2(s[i] - m_ref[h]);
+        constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
+        if constexpr (kEvery > 0 && !kMask) {
+          // mask-free tile: every score is finite (no -inf reaches exp2_fma)
+          s[i] = (i % kEvery == kEvery - 1) ? exp2_fma(s[i] - m_ref[h])
+                                            : math::ptx_exp2(s[i] - m_ref[h]);
+        } else {
+          s[i] = math::ptx_exp2(s[i] - m_ref[h]);
+        }
         sum[h] += s[i];
       }
 #pragma unroll
@@ -388,12 +466,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- tile 0: S_0 only
     {
       pp_wait();
-      mbar_wait(full_k(0), 0);
-      issue_qk(0);
+      mbar_wait(full_k(g % kStages), (g / kStages) & 1u);
+      issue_qk(g % kStages);
       pp_signal(false);
       wg_wait<0>();
       fence_regs(s);
-      release(empty_k(0));
+      release(empty_k(g % kStages));
       float scale[2];
       if (kt_begin >= free_a && kt_begin < free_b) {
         softmax_tile(kt_begin, std::false_type{}, scale);
@@ -405,8 +483,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     // ---- tiles 1..n-1: S_j overlapped with P_{j-1} V_{j-1}
     auto step = [&](int32_t j, auto mask_tag) {
-      const uint32_t st = uint32_t(j % kStages), ph = uint32_t(j / kStages) & 1u;
-      const uint32_t sp = uint32_t((j - 1) % kStages), php = uint32_t((j - 1) / kStages) & 1u;
+      const uint32_t gj = g + uint32_t(j);
+      const uint32_t st = gj % kStages, ph = (gj / kStages) & 1u;
+      const uint32_t sp = (gj - 1) % kStages, php = ((gj - 1) / kStages) & 1u;
       pp_wait();
       mbar_wait(full_k(st), ph);
       issue_qk(st);
@@ -431,8 +510,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (; j < n_tiles; ++j) step(j, std::true_type{});
     // ---- last P V
     {
-      const uint32_t sp = uint32_t((n_tiles - 1) % kStages);
-      const uint32_t php = uint32_t((n_tiles - 1) / kStages) & 1u;
+      const uint32_t gl = g + uint32_t(n_tiles) - 1u;
+      const uint32_t sp = gl % kStages, php = (gl / kStages) & 1u;
       pp_wait();
       mbar_wait(full_v(sp), php);
       issue_pv(sp);
@@ -443,6 +522,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       release(empty_v(sp));
     }
   }
+
+  g += uint32_t(n_tiles);
 
   // ---- epilogue: O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
 #pragma unroll
@@ -469,7 +550,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             kSoftmax ? (l[h] > 0.f ? m[h] + math::ptx_log2(l[h]) : -math::inf) : l[h];
       }
     }
-    return;
+    continue;
   }
   named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
 #pragma unroll
@@ -506,6 +587,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(smem + sw128<kTileQ>(r, c));
     }
   }
+  }  // blocks
 #endif
 }
 
