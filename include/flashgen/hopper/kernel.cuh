@@ -95,6 +95,12 @@ __device__ __forceinline__ float exp2_fma(float x) {
   return __int_as_float(__float_as_int(p) + (j << 23));
 }
 
+/** Independent partial maxima / sums per row in the softmax (1: one dependent chain, the
+ *  default: run 5 measured 4 and 8 partials 0-3% slower). */
+#ifndef FLASHGEN_HOPPER_REDUCE_PARTIALS
+#define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
+#endif
+
 #ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
@@ -402,9 +408,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     if constexpr (kSoftmax) {
-      float mx[2] = {m[0], m[1]};
+      // Row max and row sum over kReduce independent partials per row (an ILP experiment after
+      // ncu showed latency-bound softmax warps; no gain measured, see NOTES-hopper.md run 5).
+      constexpr int kReduce = FLASHGEN_HOPPER_REDUCE_PARTIALS;
+      float mp[2][kReduce];
 #pragma unroll
-      for (int i = 0; i < kS; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < kReduce; ++k) mp[h][k] = m[h];
+      }
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        mp[(i / 2) % 2][(i / 4) % kReduce] = fmaxf(mp[(i / 2) % 2][(i / 4) % kReduce], s[i]);
+      }
+      float mx[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = mp[h][0];
+#pragma unroll
+        for (int k = 1; k < kReduce; ++k) mx[h] = fmaxf(mx[h], mp[h][k]);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -416,22 +439,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       const float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
-      float sum[2] = {0.f, 0.f};
+      float sp[2][kReduce];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < kReduce; ++k) sp[h][k] = 0.f;
+      }
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
         constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
         if constexpr (kEvery > 0 && !kMask) {
           // mask-free tile: every score is finite (no -inf reaches exp2_fma)
-          s[i] = (i % kEvery == kEvery - 1) ? exp2_fma(s[i] - m_ref[h])
+          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(s[i] - m_ref[h])
                                             : math::ptx_exp2(s[i] - m_ref[h]);
         } else {
           s[i] = math::ptx_exp2(s[i] - m_ref[h]);
         }
-        sum[h] += s[i];
+        sp[h][(i / 4) % kReduce] += s[i];
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * scale[h] + sum[h];
+      for (int h = 0; h < 2; ++h) {
+        float sum = sp[h][0];
+#pragma unroll
+        for (int k = 1; k < kReduce; ++k) sum += sp[h][k];
+        l[h] = l[h] * scale[h] + sum;
+      }
     } else {
       float sum[2] = {0.f, 0.f};
 #pragma unroll
