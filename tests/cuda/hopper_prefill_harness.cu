@@ -6,7 +6,7 @@
  * Run:   ./hopper_prefill_harness [--no-bench] [--no-tests] [--reps N]
  *        (-DHOPPER_BENCH_ONLY: benchmarks only, fewer instances to compile)
  *
- * Correctness (single prefill): fresh random inputs per case (never zeros), o and lse poisoned
+ * Correctness (single prefill and batch_prefill_ragged): fresh random inputs per case (never zeros), o and lse poisoned
  * with NaN bits, the workspace with 0xAB; an independent naive fp32 reference on the GPU (one
  * thread per (query, head), RoPE with double angles, the mask and the variant's hooks applied
  * literally: the portable harness's reference); rel = ||o - ref|| / ||ref||, max abs error,
