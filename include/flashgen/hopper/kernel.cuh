@@ -1,0 +1,628 @@
+/**
+ * @brief The Hopper prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
+ * and two consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x shared),
+ * and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
+ * pipelining).
+ *
+ * Consumer iteration j (tile kt_j, buffers s_j):
+ *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);
+ *   mask / LogitsTransform / online softmax of S_j (row max, exp2, row sums) while the P V runs;
+ *   wait for the P V (V_{j-1} buffer freed); rescale O if the max rose past the threshold;
+ *   P_j = S_j in the input dtype.
+ * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
+ * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook
+ * views (prefill/hooks.cuh), base-2 softmax with lazy rescale, natural-log LSE output.
+ */
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flashgen/dtype.cuh"
+#include "flashgen/math.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/ptx_sm80.cuh"
+#include "flashgen/variant_hooks.cuh"
+#include "flashgen/prefill/hooks.cuh"
+#include "flashgen/prefill/kernel.cuh"
+#include "flashgen/prefill/mask.cuh"
+#include "flashgen/prefill/rope.cuh"
+#include "flashgen/prefill/scheduler.cuh"
+#include "flashgen/hopper/mbarrier.cuh"
+#include "flashgen/hopper/tma.cuh"
+#include "flashgen/hopper/traits.cuh"
+#include "flashgen/hopper/wgmma.cuh"
+
+namespace flashgen {
+namespace hopper {
+
+/** Byte offset of 16-byte chunk `ch` of row r in a 128-byte-swizzled tile of ROWS rows. */
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw128(uint32_t r, uint32_t ch) {
+  return (ch / 8) * (ROWS * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4);
+}
+
+/** Where a request's K/V rows start in the tensor maps (single: 0; ragged: kv_indptr[b]). */
+template <typename Params, typename = void>
+struct has_kv_indptr : std::false_type {};
+template <typename Params>
+struct has_kv_indptr<Params, std::void_t<decltype(std::declval<Params>().kv_indptr)>>
+    : std::true_type {};
+
+template <typename Params>
+__device__ __forceinline__ int32_t request_kv_row0(const Params& p, uint32_t batch) {
+  if constexpr (has_kv_indptr<Params>::value) {
+    return p.kv_indptr[batch];
+  } else {
+    return 0;
+  }
+}
+
+/** One work block (unit x kv head) as both roles see it. */
+struct HopperBlock {
+  prefill::WorkUnit w;
+  prefill::RequestInfo rq;
+  uint32_t kv_head, unit, p0;
+  int32_t qo_len, kv_len, kt_begin, n_tiles, free_a, free_b;
+};
+
+/** Order of a persistent CTA's blocks: 0 round-robin, 1 snake (see block_of). */
+#ifndef FLASHGEN_HOPPER_BLOCK_ORDER
+#define FLASHGEN_HOPPER_BLOCK_ORDER 0
+#endif
+
+/** Experiment (FA4's trick): in mask-free tiles, every N-th score's exp2 on the FMA pipe
+ *  (exp2_fma) instead of the MUFU unit, which computes 16 exp2 per clock per SM. 0: off. */
+#ifndef FLASHGEN_HOPPER_EXP2_FMA_EVERY
+#define FLASHGEN_HOPPER_EXP2_FMA_EVERY 0
+#endif
+
+/** 2^x for finite x <= 127 on the FMA pipe: x = j + r, |r| <= 1/2 (round to nearest by the
+ *  1.5 * 2^23 trick), 2^r by its degree-4 Taylor polynomial (relative error < 5e-5, under the
+ *  bf16/f16 rounding of P), 2^j added to the exponent bits. x < -126 gives 2^-126 or less. */
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = fmaxf(x, -126.f);
+  const float t = x + 12582912.f;
+  const int j = __float_as_int(t) - 0x4B400000;
+  const float r = x - (t - 12582912.f);
+  float p = fmaf(0.0013333558f, r, 0.0096181291f);
+  p = fmaf(p, r, 0.0555041087f);
+  p = fmaf(p, r, 0.2402265070f);
+  p = fmaf(p, r, 0.6931471806f);
+  p = fmaf(p, r, 1.0f);
+  return __int_as_float(__float_as_int(p) + (j << 23));
+}
+
+/** Independent partial maxima / sums per row in the softmax (1: one dependent chain, the
+ *  default: run 5 measured 4 and 8 partials 0-3% slower). */
+#ifndef FLASHGEN_HOPPER_REDUCE_PARTIALS
+#define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
+#endif
+
+#ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
+#define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
+#endif
+
+template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    hopper_prefill_kernel(const __grid_constant__ Params params,
+                          const __grid_constant__ KVTensorMaps maps, const Sched sched,
+                          const KVMapOrder order_k, const KVMapOrder order_v,
+                          const prefill::Partials part, const uint32_t num_blocks) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for another architecture: the launcher refuses non-Hopper devices
+#else
+  using DTypeQ = typename Params::DTypeQ;
+  using DTypeKV = typename Params::DTypeKV;
+  using DTypeO = typename Params::DTypeO;
+  static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
+  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
+  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kTileQ = Traits::kTileQ;
+  constexpr int kTileKV = Traits::kTileKV;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kS = kTileKV / 2;  // S floats per thread
+  constexpr int kO = kD / 2;       // O floats per thread
+  constexpr bool kSoftmax = Variant::use_softmax;
+  constexpr bool kRope = POS == prefill::kPosRopeLlama;
+  constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
+  constexpr bool kVarLogits = prefill::has_own_logits_transform<Variant, Params>();
+  constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw_addr = ptx::smem_addr(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw_addr);
+  const uint32_t q_addr = base;
+  auto k_addr = [&](uint32_t s) { return base + Traits::kQBytes + s * Traits::kKVBytes; };
+  auto v_addr = [&](uint32_t s) {
+    return base + Traits::kQBytes + (kStages + s) * Traits::kKVBytes;
+  };
+  const uint32_t bar = base + Traits::kBarOffset;
+  auto full_k = [&](uint32_t s) { return bar + 8 * s; };
+  auto full_v = [&](uint32_t s) { return bar + 8 * (kStages + s); };
+  auto empty_k = [&](uint32_t s) { return bar + 8 * (2 * kStages + s); };
+  auto empty_v = [&](uint32_t s) { return bar + 8 * (3 * kStages + s); };
+
+  const uint32_t tid = threadIdx.x;
+  const uint32_t wg = tid / 128;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), Traits::kConsumerWarps);
+      mbar_init(empty_v(s), Traits::kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  if (tid == 32) {
+    tma_prefetch_map(&maps.k);
+    tma_prefetch_map(&maps.v);
+  }
+  __syncthreads();
+  ptx::wait_prerequisite_grid();  // the RoPE pre-pass (PDL)
+  ptx::launch_dependents();
+
+  const uint32_t num_kv_heads = params.num_kv_heads;
+  const uint32_t G = params.num_qo_heads / num_kv_heads;
+  uint8_t* variant_smem = smem + Traits::kVariantOffset;
+
+  // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
+  // grid) or snake (odd rounds reversed, so the CTA that took the heaviest block of a round
+  // takes the lightest of the next: blocks come heavy-first).
+  auto block_of = [&](uint32_t round) -> uint32_t {
+    const uint32_t c = (FLASHGEN_HOPPER_BLOCK_ORDER == 1 && (round & 1u))
+                           ? gridDim.x - 1u - blockIdx.x
+                           : blockIdx.x;
+    return round * gridDim.x + c;
+  };
+
+  // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
+  // tiles it visits (the portable kernel's rules). False: an empty unit-table slot.
+  auto plan = [&](uint32_t blk, HopperBlock& b) -> bool {
+    b.kv_head = blk % num_kv_heads;
+    b.unit = blk / num_kv_heads;
+    if (!sched.get(b.unit, b.w)) return false;
+    b.rq = prefill::request_info(params, b.w.batch);
+    const int32_t qo_len = int32_t(b.rq.qo_len), kv_len = int32_t(b.rq.kv_len);
+    b.qo_len = qo_len;
+    b.kv_len = kv_len;
+    b.p0 = b.w.tile * uint32_t(kTileQ);
+    const int32_t first_token = int32_t(b.p0 / G);
+    const int32_t last_token =
+        int32_t(min(uint32_t(qo_len) * G - 1u, b.p0 + uint32_t(kTileQ) - 1u) / G);
+    const prefill::KVTileRange range =
+        prefill::kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
+    int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
+    if constexpr (kBounds) {
+      Variant variant(params, b.w.batch, variant_smem);
+      int32_t lo_f, hi_f, lo_l, hi_l;
+      variant.MaskBounds(params, b.w.batch, uint32_t(first_token), lo_f, hi_f);
+      variant.MaskBounds(params, b.w.batch, uint32_t(last_token), lo_l, hi_l);
+      t_lo = max(lo_f, 0) / kTileKV;
+      t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
+      t_hi = max(t_hi, t_lo);
+      free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
+      free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
+    } else if constexpr (kVarMask) {
+      free_hi = 0;
+    }
+    int32_t kt_begin = t_lo, kt_end = t_hi;
+    if (b.w.splits > 1) {
+      const int32_t per = (t_hi - t_lo + int32_t(b.w.splits) - 1) / int32_t(b.w.splits);
+      kt_begin = min(t_hi, t_lo + int32_t(b.w.chunk) * per);
+      kt_end = min(t_hi, kt_begin + per);
+    }
+    b.kt_begin = kt_begin;
+    b.n_tiles = kt_end - kt_begin;
+    // Visit order: [kt_begin, free_a) masked, [free_a, free_b) mask-free, [free_b, kt_end)
+    // masked.
+    b.free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
+    b.free_b = min(kt_end, max(b.free_a, free_hi));
+    return true;
+  };
+
+  if (wg == 0) {
+    // ================= producer: one thread issues every K/V copy
+    setmaxnreg_dec<Traits::kProducerRegs>();
+    if (tid == 0) {
+      uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
+      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+      const uint32_t blk = block_of(round);
+      HopperBlock b;
+      if (blk >= num_blocks || !plan(blk, b)) continue;
+      const uint32_t kv_head = b.kv_head;
+      const int32_t row0 = request_kv_row0(params, b.w.batch);
+      for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+        const uint32_t s = g % kStages;
+        const uint32_t ph = (g / kStages) & 1u;
+        const int32_t row = row0 + (b.kt_begin + j) * kTileKV;
+        const int32_t k1 = order_k.rows_first ? row : int32_t(kv_head);
+        const int32_t k2 = order_k.rows_first ? int32_t(kv_head) : row;
+        const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
+        const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
+        mbar_wait(empty_k(s), ph ^ 1u);
+        mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+          tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.k, full_k(s), cb * 64, k1, k2);
+        }
+        mbar_wait(empty_v(s), ph ^ 1u);
+        mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+          tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
+        }
+      }
+      }
+    }
+    return;
+  }
+
+  // ================= consumers
+  setmaxnreg_inc<Traits::kConsumerRegs>();
+  const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
+  const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
+  const uint32_t lane = tid & 31, warp4 = ctid / 32;
+  uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
+
+  for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+  const uint32_t blk = block_of(round);
+  HopperBlock b;
+  if (blk >= num_blocks || !plan(blk, b)) continue;
+  const prefill::WorkUnit w = b.w;
+  const prefill::RequestInfo rq = b.rq;
+  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
+  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
+  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
+  Variant variant(params, w.batch, variant_smem);
+  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
+
+  // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
+  {
+    constexpr int kHalf = kD / 16;  // 16-byte chunks per half row
+    constexpr int kUnits = 64 * kHalf;
+    rope::LlamaRope rp;
+    if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
+#pragma unroll
+    for (int it = 0; it < kUnits / 128; ++it) {
+      const uint32_t idx = it * 128 + ctid;
+      const uint32_t r = cw * 64 + idx / kHalf;
+      const uint32_t c = idx % kHalf;
+      const uint32_t p = p0 + r;
+      const int32_t token = int32_t(p / G);
+      const uint32_t head = kv_head * G + p % G;
+      float lo[8], hi[8];
+      if (token < qo_len) {
+        const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
+                            int64_t(head) * params.q_stride_h + c * 8;
+        prefill::unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src), lo);
+        prefill::unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
+        if constexpr (kRope) {
+          const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
+          rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = hooks::query_transform(variant, params, lo[j]);
+          hi[j] = hooks::query_transform(variant, params, hi[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
+      }
+      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = prefill::pack8<DTypeQ>(lo);
+      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = prefill::pack8<DTypeQ>(hi);
+    }
+    fence_proxy_async();
+    named_barrier(1 + cw, 128);
+  }
+
+  // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
+  int32_t tok[2];
+  uint32_t qo_head[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+    tok[h] = int32_t(p / G);
+    qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
+  }
+  const uint32_t quad = lane % 4;
+
+  float o[kO];
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
+  float s[kS];
+  uint32_t pr[kS / 2];
+
+  auto issue_qk = [&](uint32_t st) {
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      Mma::ss(s, desc_kmajor<kTileQ>(q_addr, ks, cw * 64), desc_kmajor<kTileKV>(k_addr(st), ks, 0),
+              ks > 0 ? 1u : 0u);
+    }
+    wg_commit();
+  };
+  auto issue_pv = [&](uint32_t st) {
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kTileKV / 16; ++ks) {
+      const uint32_t a[4] = {pr[4 * ks], pr[4 * ks + 1], pr[4 * ks + 2], pr[4 * ks + 3]};
+      MmaPV::rs(o, a, desc_mnmajor<kTileKV>(v_addr(st), ks), 1u);
+    }
+    wg_commit();
+  };
+  // Ping-pong between the two consumer warpgroups (FA3's warp scheduler barriers; traits say
+  // per head_dim): a warpgroup issues its GEMMs of a step only after the other has issued its
+  // own, so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  // Named barrier 3 + cw is "warpgroup cw may issue"; each issue step waits on its
+  // own and then arrives on the other's. Warpgroup 1 skips its last arrive and warpgroup 0 is
+  // let in first, so arrivals and waits pair up exactly (both run the same number of steps).
+  auto pp_wait = [&]() {
+    if constexpr (Traits::kPingPong) named_barrier(3 + cw, 256);
+  };
+  auto pp_signal = [&](bool last) {
+    if constexpr (Traits::kPingPong) {
+      if (!(last && cw == 1)) named_barrier_arrive(3 + (1 - cw), 256);
+    }
+  };
+  auto release = [&](uint32_t b) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(b);
+  };
+
+  // Masks, LogitsTransform and the online softmax of S for tile kt; scale[h] is the factor O
+  // must be multiplied by before P is added (applied by the caller once the P V in flight
+  // completes).
+  auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    if constexpr (kVarLogits || kMask) {
+      const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const int h = (i / 2) % 2;
+        const int32_t kv_idx = kv0 + 8 * (i / 4) + (i % 2);
+        float x = s[i];
+        bool keep = true;
+        if constexpr (kMask) {
+          keep = prefill::mask_keep<MASK>(kv_idx, kv_len, kv_len - qo_len + tok[h]);
+          if constexpr (kVarMask) {
+            keep = keep && hooks::logits_mask(variant, params, w.batch, uint32_t(tok[h]),
+                                              uint32_t(kv_idx), qo_head[h], kv_head);
+          }
+        }
+        if constexpr (kVarLogits) {
+          if (keep) {
+            x = prefill::logits_transform(variant, params, x, w.batch, uint32_t(tok[h]),
+                                          uint32_t(kv_idx), qo_head[h], kv_head);
+          }
+        }
+        if constexpr (kMask) x = keep ? x : (kSoftmax ? -math::inf : 0.f);
+        s[i] = x;
+      }
+    }
+    if constexpr (kSoftmax) {
+      // Row max and row sum over kReduce independent partials per row (an ILP experiment after
+      // ncu showed latency-bound softmax warps; no gain measured, see NOTES-hopper.md run 5).
+      constexpr int kReduce = FLASHGEN_HOPPER_REDUCE_PARTIALS;
+      float mp[2][kReduce];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < kReduce; ++k) mp[h][k] = m[h];
+      }
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        mp[(i / 2) % 2][(i / 4) % kReduce] = fmaxf(mp[(i / 2) % 2][(i / 4) % kReduce], s[i]);
+      }
+      float mx[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = mp[h][0];
+#pragma unroll
+        for (int k = 1; k < kReduce; ++k) mx[h] = fmaxf(mx[h], mp[h][k]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        scale[h] = 1.f;
+        if (mx[h] > m[h] + float(FLASHGEN_HOPPER_RESCALE_THRESHOLD)) {
+          scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
+          m[h] = mx[h];
+        }
+      }
+      const float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
+      float sp[2][kReduce];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < kReduce; ++k) sp[h][k] = 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const int h = (i / 2) % 2;
+        constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
+        if constexpr (kEvery > 0 && !kMask) {
+          // mask-free tile: every score is finite (no -inf reaches exp2_fma)
+          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(s[i] - m_ref[h])
+                                            : math::ptx_exp2(s[i] - m_ref[h]);
+        } else {
+          s[i] = math::ptx_exp2(s[i] - m_ref[h]);
+        }
+        sp[h][(i / 4) % kReduce] += s[i];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = sp[h][0];
+#pragma unroll
+        for (int k = 1; k < kReduce; ++k) sum += sp[h][k];
+        l[h] = l[h] * scale[h] + sum;
+      }
+    } else {
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kS; ++i) sum[(i / 2) % 2] += s[i];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] += sum[h];
+        scale[h] = 1.f;
+      }
+    }
+  };
+  auto rescale_o = [&](const float (&scale)[2]) {
+    if constexpr (kSoftmax) {
+      if (scale[0] != 1.f || scale[1] != 1.f) {
+#pragma unroll
+        for (int i = 0; i < kO; ++i) o[i] *= scale[(i / 2) % 2];
+      }
+    }
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int j = 0; j < kS / 4; ++j) {
+      pr[2 * j] = ptx::pack2<DTypeKV>(s[4 * j], s[4 * j + 1]);
+      pr[2 * j + 1] = ptx::pack2<DTypeKV>(s[4 * j + 2], s[4 * j + 3]);
+    }
+  };
+
+  if (n_tiles > 0) {
+    if constexpr (Traits::kPingPong) {
+      if (cw == 1) named_barrier_arrive(3, 256);
+    }
+    // ---- tile 0: S_0 only
+    {
+      pp_wait();
+      mbar_wait(full_k(g % kStages), (g / kStages) & 1u);
+      issue_qk(g % kStages);
+      pp_signal(false);
+      wg_wait<0>();
+      fence_regs(s);
+      release(empty_k(g % kStages));
+      float scale[2];
+      if (kt_begin >= free_a && kt_begin < free_b) {
+        softmax_tile(kt_begin, std::false_type{}, scale);
+      } else {
+        softmax_tile(kt_begin, std::true_type{}, scale);
+      }
+      rescale_o(scale);
+      pack_p();
+    }
+    // ---- tiles 1..n-1: S_j overlapped with P_{j-1} V_{j-1}
+    auto step = [&](int32_t j, auto mask_tag) {
+      const uint32_t gj = g + uint32_t(j);
+      const uint32_t st = gj % kStages, ph = (gj / kStages) & 1u;
+      const uint32_t sp = (gj - 1) % kStages, php = ((gj - 1) / kStages) & 1u;
+      pp_wait();
+      mbar_wait(full_k(st), ph);
+      issue_qk(st);
+      mbar_wait(full_v(sp), php);
+      issue_pv(sp);
+      pp_signal(false);
+      wg_wait<1>();
+      fence_regs(s);
+      release(empty_k(st));
+      float scale[2];
+      softmax_tile(kt_begin + j, mask_tag, scale);
+      wg_wait<0>();
+      fence_regs(o);
+      fence_regs(pr);
+      release(empty_v(sp));
+      rescale_o(scale);
+      pack_p();
+    };
+    int32_t j = 1;
+    for (; j < min(n_tiles, free_a - kt_begin); ++j) step(j, std::true_type{});
+    for (; j < min(n_tiles, free_b - kt_begin); ++j) step(j, std::false_type{});
+    for (; j < n_tiles; ++j) step(j, std::true_type{});
+    // ---- last P V
+    {
+      const uint32_t gl = g + uint32_t(n_tiles) - 1u;
+      const uint32_t sp = gl % kStages, php = (gl / kStages) & 1u;
+      pp_wait();
+      mbar_wait(full_v(sp), php);
+      issue_pv(sp);
+      pp_signal(true);
+      wg_wait<0>();
+      fence_regs(o);
+      fence_regs(pr);
+      release(empty_v(sp));
+    }
+  }
+
+  g += uint32_t(n_tiles);
+
+  // ---- epilogue: O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  if (w.splits > 1) {
+    // Split unit: fp32 partials (normalized for softmax) and base-2 LSE or the plain sum, in
+    // slot `unit` (prefill/merge.cuh combines them).
+    const int64_t slot_row0 = (int64_t(unit) * num_kv_heads + kv_head) * kTileQ;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+      const float inv = kSoftmax ? (l[h] > 0.f ? 1.f / l[h] : 0.f) : 1.f;
+      float* dst = part.o + (slot_row0 + r) * kD + 2 * quad;
+#pragma unroll
+      for (int j = 0; j < kO / 4; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      }
+      if (quad == 0) {
+        part.lse[slot_row0 + r] =
+            kSoftmax ? (l[h] > 0.f ? m[h] + math::ptx_log2(l[h]) : -math::inf) : l[h];
+      }
+    }
+    continue;
+  }
+  named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+    const float inv = kSoftmax ? (l[h] > 0.f ? 1.f / l[h] : 0.f) : 1.f;
+#pragma unroll
+    for (int j = 0; j < kO / 4; ++j) {
+      float y0 = o[4 * j + 2 * h] * inv, y1 = o[4 * j + 2 * h + 1] * inv;
+      y0 = hooks::output_transform(variant, params, y0, w.batch, uint32_t(tok[h]), qo_head[h]);
+      y1 = hooks::output_transform(variant, params, y1, w.batch, uint32_t(tok[h]), qo_head[h]);
+      *reinterpret_cast<uint32_t*>(smem + sw128<kTileQ>(r, j) + quad * 4) =
+          ptx::pack2<DTypeO>(y0, y1);
+    }
+    if (quad == 0 && params.lse != nullptr && tok[h] < qo_len) {
+      params.lse[(rq.q_row0 + tok[h]) * params.num_qo_heads + qo_head[h]] =
+          kSoftmax ? (l[h] > 0.f ? (m[h] + math::ptx_log2(l[h])) * math::ln2 : -math::inf)
+                   : logf(l[h]);
+    }
+  }
+  named_barrier(1 + cw, 128);
+  constexpr int kChunks = kD / 8;
+#pragma unroll 4
+  for (int it = 0; it < 64 * kChunks / 128; ++it) {
+    const uint32_t idx = it * 128 + ctid;
+    const uint32_t r = cw * 64 + idx / kChunks;
+    const uint32_t c = idx % kChunks;
+    const uint32_t p = p0 + r;
+    const int32_t token = int32_t(p / G);
+    if (token < qo_len) {
+      const uint32_t head = kv_head * G + p % G;
+      DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n +
+                    int64_t(head) * params.o_stride_h + c * 8;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(smem + sw128<kTileQ>(r, c));
+    }
+  }
+  }  // blocks
+#endif
+}
+
+}  // namespace hopper
+}  // namespace flashgen

@@ -1,0 +1,297 @@
+/**
+ * @brief Host side of the Hopper prefill kernel: the same entry-point shapes as
+ * prefill/launch.cuh, so a per-architecture backend can call either.
+ *
+ *   template <int HEAD_DIM, int POS, typename DType>
+ *   int64_t hopper::single_prefill_workspace_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads,
+ *                                                  sm_count)
+ *   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+ *   int hopper::launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes,
+ *                                     const DeviceInfo& dev, cudaStream_t stream)
+ *
+ *   template <int HEAD_DIM, int POS, typename DType>
+ *   int64_t hopper::batch_prefill_workspace_bytes(total_q, kv_rows, batch_size, num_qo_heads,
+ *                                                 num_kv_heads, sm_count)
+ *   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+ *   int hopper::launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows,
+ *                                           void* ws, int64_t ws_bytes, const DeviceInfo& dev,
+ *                                           cudaStream_t stream)
+ *       total_q = q.shape[0], kv_rows = k.shape[0] (the tensor maps span all k/v rows; a
+ *       request's tiles start at kv_indptr[b]).
+ *
+ * Batch: the portable prep kernel writes the unit table (with this kernel's tile shapes), then
+ * [rope_k] -> hopper prefill -> merge, as prefill/launch.cuh does.
+ *
+ * Kernels of a call: [rope_k (RoPE): the portable pre-pass] -> hopper prefill -> [merge (split
+ * KV)], the later ones programmatic dependent launches. The workspace holds the rotated keys
+ * and the split partials (the portable layout, with this kernel's tile shapes). Tensor maps are
+ * encoded on the host on every call (a few microseconds) and passed by value: a captured graph
+ * keeps the pointers it was captured with, as it does for the portable kernels.
+ */
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "flashgen/launch.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/status.cuh"
+#include "flashgen/prefill/launch.cuh"
+#include "flashgen/prefill/merge.cuh"
+#include "flashgen/prefill/rope_k.cuh"
+#include "flashgen/prefill/scheduler.cuh"
+#include "flashgen/hopper/kernel.cuh"
+#include "flashgen/hopper/tma.cuh"
+#include "flashgen/hopper/traits.cuh"
+
+namespace flashgen {
+namespace hopper {
+
+template <int HEAD_DIM, int POS>
+inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
+                                       int64_t num_kv_heads, int64_t sm_count) {
+  using Traits = HopperTraits<HEAD_DIM>;
+  prefill::SinglePlan p;
+  const int64_t G = num_qo_heads / num_kv_heads;
+  p.num_tiles = prefill::ceil_div64(qo_len * G, Traits::kTileQ);
+  const int64_t su = prefill::split_units_per_head<Traits>(sm_count, num_kv_heads);
+  p.splits = prefill::single_splits<Traits>(p.num_tiles, kv_len, su);
+  p.ws = prefill::make_layout<Traits>(0, 0, POS == prefill::kPosRopeLlama ? kv_len : 0,
+                                      num_kv_heads, p.splits > 1 ? p.num_tiles * p.splits : 0);
+  p.ws.unit_start_off = p.ws.table_off = 0;
+  p.ws.grid_units = p.num_tiles * p.splits;
+  p.ws.split_units = su;
+  if (p.splits <= 1 && POS != prefill::kPosRopeLlama) p.ws.total = 0;
+  return p;
+}
+
+template <int HEAD_DIM, int POS, typename DType>
+inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
+                                              int64_t num_kv_heads, int64_t sm_count) {
+  return plan_single<HEAD_DIM, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
+}
+
+template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched>
+struct HopperKernelTag {};
+
+/** Persistent grid: at most one CTA per SM, each looping over blocks (round-robin, or snake
+ *  with FLASHGEN_HOPPER_BLOCK_ORDER=1), so the producer loads the next block's first K/V tiles
+ *  during the current block's epilogue and the CTA start is paid once per SM. -1 (default):
+ *  persistent except for causal single prefill; 0 never; 1 always. Measured (run 3, TFLOP/s,
+ *  one CTA per block / persistent round-robin / snake): single none d128 8192 639 / 657 / 652;
+ *  single causal 8192 632 / 596 / 638; causal 32768 676 / 630 / 653 (a static assignment of
+ *  causal tiles of unequal length balances worse than the hardware's dispatch); ragged causal
+ *  16 x 512..4096 445 / 463 / 447. */
+#ifndef FLASHGEN_HOPPER_PERSISTENT
+#define FLASHGEN_HOPPER_PERSISTENT -1
+#endif
+
+inline uint32_t grid_ctas(int64_t blocks, const DeviceInfo& dev, bool causal_single) {
+  const bool persistent =
+      FLASHGEN_HOPPER_PERSISTENT == 1 || (FLASHGEN_HOPPER_PERSISTENT == -1 && !causal_single);
+  if (persistent) return uint32_t(std::min<int64_t>(blocks, dev.sm_count));
+  return uint32_t(blocks);
+}
+
+inline int check_hopper(const char* what, const DeviceInfo& dev) {
+  if (dev.major != 9) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: the sm90 backend runs on Hopper GPUs (compute capability 9.0) only; device %d "
+                "has compute capability %d.x: use the portable backend",
+                what, dev.device, dev.major);
+  }
+  return FLASHGEN_OK;
+}
+
+template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev,
+                          cudaStream_t stream) {
+  using Traits = HopperTraits<HEAD_DIM>;
+  using DType = typename Params::DTypeKV;
+  static_assert(sizeof(DType) == 2, "16-bit K/V");
+  const char* what = "single_prefill (sm90)";
+  if (int st = check_hopper(what, dev)) return st;
+  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
+      !prefill::vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
+      !prefill::vec_ok(p.v, p.v_stride_n, p.v_stride_h) ||
+      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
+  }
+  if (uint64_t(p.qo_len) * (p.num_qo_heads / p.num_kv_heads) >= (uint64_t{1} << 31) ||
+      p.kv_len >= (uint32_t{1} << 31)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: qo_len * group size and kv_len must be below 2^31", what);
+  }
+  if (p.qo_len == 0) return FLASHGEN_OK;
+  const prefill::SinglePlan plan =
+      plan_single<HEAD_DIM, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, plan.ws.total)) return st;
+  uint8_t* base = static_cast<uint8_t*>(ws);
+  bool first = true;
+  const int64_t rows = p.kv_len > 0 ? int64_t(p.kv_len) : 1;  // a map needs a non-empty tensor
+  KVTensorMaps maps;
+  KVMapOrder order_k, order_v;
+  if constexpr (POS == prefill::kPosRopeLlama) {
+    DType* rope_k = reinterpret_cast<DType*>(base + plan.ws.rope_off);
+    if (p.kv_len > 0) {
+      const int64_t items = int64_t(p.kv_len) * p.num_kv_heads * (HEAD_DIM / 16);
+      auto k = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                             typename Params::DTypeO>;
+      if (int st = launch("single_prefill rope_k kernel", k, dim3(prefill::rope_blocks(items, dev)),
+                          prefill::kRopeThreads, 0, stream, false, p, rope_k, int64_t(p.kv_len))) {
+        return st;
+      }
+      first = false;
+    }
+    if (int st = make_kv_map(&maps.k, &order_k, static_cast<const DType*>(rope_k), rows,
+                             p.num_kv_heads, HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM,
+                             int64_t(HEAD_DIM), Traits::kTileKV)) {
+      return st;
+    }
+  } else {
+    if (int st = make_kv_map(&maps.k, &order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
+                             p.k_stride_h, Traits::kTileKV)) {
+      return st;
+    }
+  }
+  if (int st = make_kv_map(&maps.v, &order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
+                           p.v_stride_h, Traits::kTileKV)) {
+    return st;
+  }
+  prefill::Partials part{nullptr, nullptr};
+  if (plan.splits > 1) {
+    part.o = reinterpret_cast<float*>(base + plan.ws.part_o_off);
+    part.lse = reinterpret_cast<float*>(base + plan.ws.part_lse_off);
+  }
+  const prefill::SingleSched sched{uint32_t(plan.num_tiles), uint32_t(plan.splits)};
+  auto kernel = hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::SingleSched>;
+  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::SingleSched>;
+  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
+  const int64_t blocks = plan.num_tiles * plan.splits * p.num_kv_heads;
+  const dim3 grid(grid_ctas(blocks, dev, MASK == prefill::kMaskCausal));
+  if (int st = launch("single_prefill (sm90) kernel", kernel, grid, Traits::kThreads,
+                      Traits::kSmemBytes, stream, !first, p, maps, sched, order_k, order_v, part,
+                      uint32_t(blocks))) {
+    return st;
+  }
+  if (plan.splits > 1) {
+    auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::SingleSched>;
+    return launch("single_prefill (sm90) merge kernel", merge, dim3(uint32_t(blocks)),
+                  prefill::kMergeThreads, 0, stream, true, p, sched, part);
+  }
+  return FLASHGEN_OK;
+}
+
+template <int HEAD_DIM, int POS>
+inline prefill::WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batch,
+                                           int64_t num_qo_heads, int64_t num_kv_heads,
+                                           int64_t sm_count) {
+  using Traits = HopperTraits<HEAD_DIM>;
+  const int64_t G = num_qo_heads / num_kv_heads;
+  const int64_t su = prefill::split_units_per_head<Traits>(sm_count, num_kv_heads);
+  const int64_t tile_bound = prefill::ceil_div64(total_q * G, Traits::kTileQ) + batch;
+  const int64_t grid_units = std::max(tile_bound, su);
+  prefill::WorkspaceLayout w = prefill::make_layout<Traits>(
+      batch, grid_units, POS == prefill::kPosRopeLlama ? kv_rows : 0, num_kv_heads, su);
+  w.grid_units = grid_units;
+  w.split_units = su;
+  return w;
+}
+
+template <int HEAD_DIM, int POS, typename DType>
+inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, int64_t batch,
+                                             int64_t num_qo_heads, int64_t num_kv_heads,
+                                             int64_t sm_count) {
+  return plan_batch<HEAD_DIM, POS>(total_q, kv_rows, batch, num_qo_heads, num_kv_heads, sm_count)
+      .total;
+}
+
+template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
+                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
+  using Traits = HopperTraits<HEAD_DIM>;
+  using DType = typename Params::DTypeKV;
+  static_assert(sizeof(DType) == 2, "16-bit K/V");
+  const char* what = "batch_prefill_ragged (sm90)";
+  if (int st = check_hopper(what, dev)) return st;
+  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: batch_size >= 1 and indptrs are required", what);
+  }
+  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
+      !prefill::vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
+      !prefill::vec_ok(p.v, p.v_stride_n, p.v_stride_h) ||
+      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
+  }
+  if (kv_rows >= (int64_t{1} << 31)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
+  }
+  const prefill::WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(
+      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
+  uint8_t* base = static_cast<uint8_t*>(ws);
+  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
+  int4* table = reinterpret_cast<int4*>(base + L.table_off);
+  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
+  if (int st = launch("batch_prefill (sm90) prep kernel",
+                      prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
+                      prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
+                      uint32_t(L.split_units), unit_start, table)) {
+    return st;
+  }
+  const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
+  KVTensorMaps maps;
+  KVMapOrder order_k, order_v;
+  if constexpr (POS == prefill::kPosRopeLlama) {
+    DType* rope_k = reinterpret_cast<DType*>(base + L.rope_off);
+    if (kv_rows > 0) {
+      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
+      auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                              typename Params::DTypeO>;
+      if (int st = launch("batch_prefill (sm90) rope_k kernel", rk,
+                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
+                          true, p, rope_k, kv_rows)) {
+        return st;
+      }
+    }
+    if (int st = make_kv_map(&maps.k, &order_k, static_cast<const DType*>(rope_k), rows,
+                             p.num_kv_heads, HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM,
+                             int64_t(HEAD_DIM), Traits::kTileKV)) {
+      return st;
+    }
+  } else {
+    if (int st = make_kv_map(&maps.k, &order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
+                             p.k_stride_h, Traits::kTileKV)) {
+      return st;
+    }
+  }
+  if (int st = make_kv_map(&maps.v, &order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
+                           p.v_stride_h, Traits::kTileKV)) {
+    return st;
+  }
+  const prefill::Partials part{reinterpret_cast<float*>(base + L.part_o_off),
+                               reinterpret_cast<float*>(base + L.part_lse_off)};
+  const prefill::BatchSched sched{table};
+  auto kernel = hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::BatchSched>;
+  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::BatchSched>;
+  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
+  const int64_t blocks = L.grid_units * p.num_kv_heads;
+  const dim3 grid(grid_ctas(blocks, dev, false));
+  if (int st = launch("batch_prefill_ragged (sm90) kernel", kernel, grid, Traits::kThreads,
+                      Traits::kSmemBytes, stream, true, p, maps, sched, order_k, order_v, part,
+                      uint32_t(blocks))) {
+    return st;
+  }
+  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
+  return launch("batch_prefill_ragged (sm90) merge kernel", merge,
+                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
+                true, p, sched, part);
+}
+
+}  // namespace hopper
+}  // namespace flashgen

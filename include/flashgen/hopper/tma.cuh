@@ -1,0 +1,105 @@
+/**
+ * @brief Bulk tensor copies (TMA, sm_90): the device-side 3-D tile load completing on an
+ * mbarrier, and the host-side tensor map of a K or V tensor [rows][heads][head_dim] (any row and
+ * head strides), encoded through the driver's cuTensorMapEncodeTiled, found with
+ * cudaGetDriverEntryPointByVersion so that nothing links against libcuda.
+ *
+ * A map's box is 64 elements of head_dim (128 bytes, the widest a 128-byte swizzle allows) x
+ * ROWS rows x 1 head; a tile of head_dim D is D / 64 boxes, one per column block. Rows past the
+ * tensor's end are zero-filled and still count towards the transaction bytes.
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include "flashgen/status.cuh"
+
+namespace flashgen {
+namespace hopper {
+
+/** The maps of one launch, passed by value as a __grid_constant__ kernel parameter. */
+struct KVTensorMaps {  // CUtensorMap is itself 64-byte aligned
+  CUtensorMap k, v;
+};
+
+/** Box (c0 = column, c1, c2) of the map into shared memory at `dst`, completing on `bar`. The
+ *  map's dimension order is (head_dim, rows, heads) or (head_dim, heads, rows): see make_kv_map. */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+/** Host: cuTensorMapEncodeTiled from the driver, looked up once. */
+inline int get_encode_tiled(PFN_cuTensorMapEncodeTiled_v12000* fn) {
+  static PFN_cuTensorMapEncodeTiled_v12000 cached = nullptr;
+  if (cached == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
+      return fail(FLASHGEN_CUDA_ERROR,
+                  "cuTensorMapEncodeTiled not found in the CUDA driver (%s): the Hopper kernels need "
+                  "a driver for CUDA 12.0 or newer",
+                  cudaGetErrorString(err));
+    }
+    cached = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  *fn = cached;
+  return FLASHGEN_OK;
+}
+
+/** Whether make_kv_map put rows in dimension 1 (else heads are dimension 1, rows dimension 2). */
+struct KVMapOrder {
+  bool rows_first;
+};
+
+/**
+ * Host: map of a 16-bit tensor with `rows` rows and `heads` heads of head_dim elements at
+ * `base` (strides in elements; head_dim contiguous), box 64 x box_rows x 1. The two outer
+ * dimensions are ordered by stride (smaller first), which covers NHD and HND.
+ */
+template <typename T>
+inline int make_kv_map(CUtensorMap* map, KVMapOrder* order, const T* base, int64_t rows,
+                       int64_t heads, int64_t head_dim, int64_t stride_n, int64_t stride_h,
+                       int box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode;
+  if (int st = get_encode_tiled(&encode)) return st;
+  const bool rows_first = stride_n <= stride_h;
+  order->rows_first = rows_first;
+  cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(rows_first ? rows : heads),
+                        cuuint64_t(rows_first ? heads : rows)};
+  cuuint64_t strides[2] = {cuuint64_t((rows_first ? stride_n : stride_h) * 2),
+                           cuuint64_t((rows_first ? stride_h : stride_n) * 2)};
+  cuuint32_t box[3] = {64, cuuint32_t(rows_first ? box_rows : 1), cuuint32_t(rows_first ? 1 : box_rows)};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dt =
+      sizeof(T) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  // bf16 and f16 are both 16-bit: the copy engine moves bytes, the type only sizes elements.
+  const CUresult r = encode(map, dt, 3, const_cast<T*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return fail(FLASHGEN_CUDA_ERROR,
+                "cuTensorMapEncodeTiled failed (%d) for a K/V tensor of %lld rows, %lld heads, "
+                "strides %lld/%lld elements at %p",
+                int(r), static_cast<long long>(rows), static_cast<long long>(heads),
+                static_cast<long long>(stride_n), static_cast<long long>(stride_h),
+                static_cast<const void*>(base));
+  }
+  return FLASHGEN_OK;
+}
+
+}  // namespace hopper
+}  // namespace flashgen

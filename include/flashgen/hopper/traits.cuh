@@ -1,0 +1,78 @@
+/**
+ * @brief Tile shapes of the Hopper prefill kernel (wgmma + TMA, sm_90a).
+ *
+ * A CTA is 3 warpgroups: warpgroup 0 loads K/V tiles with the bulk tensor copy engine (one
+ * thread issues, registers cut to kProducerRegs), warpgroups 1 and 2 each own 64 of the
+ * kTileQ = 128 packed query rows (registers raised to kConsumerRegs) and run S = Q K^T (both
+ * operands in shared memory), the softmax, and O += P V (P from registers). K/V stream through
+ * kStages buffers of kTileKV rows. Packed rows as in the portable kernel: packed row p is token
+ * p / G, query head kv_head * G + p % G.
+ */
+#pragma once
+
+#include <cstdint>
+
+namespace flashgen {
+namespace hopper {
+
+template <int HEAD_DIM>
+struct HopperConfig;
+// S 64 + O 32 floats per thread.
+template <>
+struct HopperConfig<64> {
+  static constexpr int kTileKV = 128, kStages = 2;
+  static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
+};
+// S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
+// (Overridable for experiments: FLASHGEN_HOPPER_D128_{TILE_KV,STAGES}.)
+#ifndef FLASHGEN_HOPPER_D128_TILE_KV
+#define FLASHGEN_HOPPER_D128_TILE_KV 128
+#endif
+#ifndef FLASHGEN_HOPPER_D128_STAGES
+#define FLASHGEN_HOPPER_D128_STAGES 2
+#endif
+template <>
+struct HopperConfig<128> {
+  static constexpr int kTileKV = FLASHGEN_HOPPER_D128_TILE_KV,
+                       kStages = FLASHGEN_HOPPER_D128_STAGES;
+  static constexpr bool kPingPong = true;  // run 1: 630 TFLOP/s with, 567 without
+};
+// S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: run 1 measured 709 TFLOP/s
+// without and 688 with (causal 8192): the GEMMs dominate and the softmax is short.
+template <>
+struct HopperConfig<256> {
+  static constexpr int kTileKV = 64, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+
+template <int HEAD_DIM_>
+struct HopperTraits {
+  static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr int kTileQ = 128;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
+  static constexpr int kTileKV = HopperConfig<HEAD_DIM_>::kTileKV;
+  static constexpr int kStages = HopperConfig<HEAD_DIM_>::kStages;
+#ifdef FLASHGEN_HOPPER_PINGPONG
+  static constexpr bool kPingPong = FLASHGEN_HOPPER_PINGPONG != 0;  // forced (experiments)
+#else
+  static constexpr bool kPingPong = HopperConfig<HEAD_DIM_>::kPingPong;
+#endif
+  static constexpr int kBlocks = kHeadDim / 64;  // 128-byte column blocks per row
+  static constexpr int kQBytes = kTileQ * kHeadDim * 2;
+  static constexpr int kKVBytes = kTileKV * kHeadDim * 2;
+  static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kVariantOffset = kBarOffset + 8 * 4 * kStages;
+  static constexpr int kVariantSmemBytes = 256;
+  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes (128-byte swizzle atoms).
+  static constexpr int kSmemBytes = 1024 + kVariantOffset + kVariantSmemBytes;
+  static_assert(kHeadDim % 64 == 0, "head_dim is a multiple of 64");
+  static_assert(kTileKV % 16 == 0 && kTileKV <= 256, "kv tile: wgmma n and k steps");
+  static_assert(kConsumerWGs * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "registers");
+};
+
+}  // namespace hopper
+}  // namespace flashgen
