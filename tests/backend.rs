@@ -503,6 +503,22 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
             "on this device it supports backend portable",
         ],
     );
+    // Only the backend may be left out: a selection that spans another axis is refused.
+    let o = t.run(&[
+        "jit",
+        "--device-cc",
+        "9.0",
+        "--no-compile",
+        "--module",
+        "kern",
+    ]);
+    assert_usage_error(
+        &o,
+        &[
+            "select exactly one instance; 4 match",
+            "the backend may be left out",
+        ],
+    );
     // An explicit arch list is narrowed to the limit: 8.0+PTX and 9.0a on Hopper build 9.0a.
     let o = t
         .cmd()
