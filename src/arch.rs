@@ -229,6 +229,84 @@ pub fn resolve_for_device(cli: Option<&str>, cc: Capability) -> Result<(Vec<Arch
     Ok((archs, from))
 }
 
+/// One architecture of an arch limit (`modules.<m>.archs`, a backend value's `archs`): a compile
+/// target such as `9.0a`; `+PTX` is the build's choice (`--arch`), not the limit's.
+pub fn parse_limit_item(item: &str) -> Result<Arch, String> {
+    let arch = parse_one(item.trim()).ok_or_else(|| {
+        format!("cannot read GPU architecture `{item}` (write e.g. \"9.0a\" or \"8.0\")")
+    })?;
+    if arch.ptx {
+        return Err(format!(
+            "`{item}`: a limit names compile targets such as 9.0a; +PTX is chosen by the build \
+             (--arch, FLASHGEN_CUDA_ARCH_LIST)"
+        ));
+    }
+    Ok(arch)
+}
+
+impl Arch {
+    /// Whether `self` compiles the same target as `other` (`9.0a+PTX` and `9.0a` do; `9.0` and
+    /// `9.0a` do not): how an arch of a build is matched against an arch limit.
+    pub fn same_target(&self, other: &Arch) -> bool {
+        (self.major, self.minor, self.suffix) == (other.major, other.minor, other.suffix)
+    }
+}
+
+/// The archs of `requested` an instance limited to `limit` is built for (all of them without a
+/// limit), in the requested order, each with its requested `+PTX`.
+pub fn restrict(requested: &[Arch], limit: Option<&[Arch]>) -> Vec<Arch> {
+    requested
+        .iter()
+        .filter(|a| limit.is_none_or(|l| l.iter().any(|b| b.same_target(a))))
+        .cloned()
+        .collect()
+}
+
+/// The common archs of two limits (`None`: every arch).
+pub fn intersect(a: Option<&[Arch]>, b: Option<&[Arch]>) -> Option<Vec<Arch>> {
+    match (a, b) {
+        (None, None) => None,
+        (Some(x), None) | (None, Some(x)) => Some(x.to_vec()),
+        (Some(x), Some(y)) => Some(restrict(x, Some(y))),
+    }
+}
+
+/// Whether an instance limited to `limit` can run on a GPU of capability `cc`: without a limit
+/// it can (the JIT builds for the device); with one, when one of its archs runs there.
+pub fn limit_runs_on_device(limit: Option<&[Arch]>, cc: Capability) -> bool {
+    limit.is_none_or(|l| l.iter().any(|a| a.runs_on_device(cc)))
+}
+
+/// The archs a JIT build of an instance limited to `limit` uses on device `cc`, given the archs
+/// `requested` for the device ([`resolve_for_device`]): those the limit allows, when one of them
+/// runs on the device; else the limit's own archs that run there (a limit of `8.0` on an 8.6
+/// device builds `8.0`); `None` when no arch of the limit runs on the device.
+pub fn for_device_limited(
+    requested: &[Arch],
+    limit: Option<&[Arch]>,
+    cc: Capability,
+) -> Option<Vec<Arch>> {
+    let allowed = restrict(requested, limit);
+    if allowed.iter().any(|a| a.runs_on_device(cc)) {
+        return Some(allowed);
+    }
+    let own: Vec<Arch> = limit?
+        .iter()
+        .filter(|a| a.runs_on_device(cc))
+        .cloned()
+        .collect();
+    (!own.is_empty()).then_some(own)
+}
+
+/// An arch list as `--arch` spells it: `8.0 9.0a+PTX`.
+pub fn spell(archs: &[Arch]) -> String {
+    archs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The `runs_on` rows of a whole list, as the manifest records them for the loader.
 pub fn runs_on_all(archs: &[Arch]) -> Vec<RunsOn> {
     archs.iter().flat_map(Arch::runs_on).collect()
@@ -290,6 +368,42 @@ mod tests {
         for bad in ["9", "9.10", "x.0", "", "0.0", "9é.0"] {
             assert!(Capability::parse(bad, "t").is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn limits_match_targets_and_keep_the_builds_ptx() {
+        let l = |s: &str| parse_list(s, "t").unwrap();
+        let cc = |s: &str| Capability::parse(s, "t").unwrap();
+        let sm90 = vec![parse_limit_item("9.0a").unwrap()];
+        assert_eq!(
+            spell(&restrict(&l("8.0 9.0a+PTX"), Some(&sm90))),
+            "9.0a+PTX"
+        );
+        assert!(
+            restrict(&l("8.0 9.0"), Some(&sm90)).is_empty(),
+            "9.0 is not 9.0a"
+        );
+        assert_eq!(spell(&restrict(&l("8.0 9.0a"), None)), "8.0 9.0a");
+        assert!(parse_limit_item("9.0a+PTX").is_err() && parse_limit_item("x").is_err());
+        assert!(limit_runs_on_device(Some(&sm90), cc("9.0")));
+        assert!(!limit_runs_on_device(Some(&sm90), cc("8.0")));
+        assert!(limit_runs_on_device(None, cc("12.0")));
+        // The JIT: the device's own arch when the limit allows it, else the limit's that runs.
+        let sm80 = vec![parse_limit_item("8.0").unwrap()];
+        assert_eq!(
+            spell(&for_device_limited(&l("9.0a"), Some(&sm90), cc("9.0")).unwrap()),
+            "9.0a"
+        );
+        assert_eq!(
+            spell(&for_device_limited(&l("8.6"), Some(&sm80), cc("8.6")).unwrap()),
+            "8.0"
+        );
+        assert_eq!(for_device_limited(&l("8.0"), Some(&sm90), cc("8.0")), None);
+        assert_eq!(
+            intersect(Some(&sm80), Some(&sm90)),
+            Some(Vec::new()),
+            "disjoint limits leave nothing"
+        );
     }
 
     #[test]

@@ -95,6 +95,10 @@ pub struct Prepared<'m> {
     pub gen_root: PathBuf,
     pub source: PathBuf,
     pub key: String,
+    /// The build's archs this instance is compiled for (its arch limit allows them).
+    pub archs: Vec<Arch>,
+    /// Its nvcc flags: the builder's, with only those archs.
+    pub flags: Vec<String>,
 }
 
 /// One instance's result.
@@ -106,6 +110,8 @@ pub struct Built<'m> {
     pub path: PathBuf,
     pub cached: bool,
     pub compile_time: Option<Duration>,
+    /// The archs it was compiled for.
+    pub archs: Vec<Arch>,
 }
 
 /// What went wrong for one instance; `commands/build.rs` prints each kind its own way.
@@ -176,6 +182,7 @@ pub struct Builder<'m> {
     pub search_dirs: Vec<PathBuf>,
     /// In front of each compile step; never part of the key.
     pub launcher: Launcher,
+    compress: bool,
     hasher: SourceHasher,
 }
 
@@ -203,8 +210,37 @@ impl<'m> Builder<'m> {
             archs,
             search_dirs,
             launcher: Launcher::default(),
+            compress,
             hasher,
         }
+    }
+
+    /// The archs of this build `inst` is compiled for: all of them, or those its arch limit
+    /// allows; empty when it allows none (the commands skip such an instance).
+    pub fn instance_archs(&self, inst: &Instance) -> Vec<Arch> {
+        self.matrix.instance_archs(inst, &self.archs)
+    }
+
+    /// The nvcc flags of a compile for `archs`: the builder's own for its whole list (so an
+    /// instance without an arch limit keeps its key), else the same flags with only `archs`.
+    pub fn flags_for(&self, archs: &[Arch]) -> Vec<String> {
+        if archs == self.archs.as_slice() {
+            return self.flags.clone();
+        }
+        compile::output_flags(
+            &self.matrix.nvcc_flags,
+            archs,
+            self.compress,
+            self.toolchain.manylinux.is_some(),
+        )
+    }
+
+    /// Splits `selected` into the instances this build compiles and those whose arch limit
+    /// allows none of its archs (a build for 8.0 never compiles an instance limited to 9.0a).
+    pub fn buildable(&self, selected: &[&'m Instance]) -> (Vec<&'m Instance>, Vec<&'m Instance>) {
+        selected
+            .iter()
+            .partition(|i| !self.instance_archs(i).is_empty())
     }
 
     /// Header text, include folders and cache key of each instance (in parallel; each source file
@@ -220,6 +256,16 @@ impl<'m> Builder<'m> {
         selected
             .par_iter()
             .map(|inst| {
+                let archs = self.instance_archs(inst);
+                if archs.is_empty() {
+                    anyhow::bail!(
+                        "{} is built for none of the archs {} (its limit: {}); leave it out",
+                        inst.uri,
+                        crate::arch::spell(&self.archs),
+                        crate::arch::spell(&self.matrix.arch_limit(inst).unwrap_or_default())
+                    );
+                }
+                let flags = self.flags_for(&archs);
                 let header = codegen::instance_header(self.matrix, inst);
                 if gen_dir.is_some() {
                     let file = gen_root.join(&inst.uri).join(codegen::HEADER_NAME);
@@ -231,13 +277,15 @@ impl<'m> Builder<'m> {
                     .join("csrc")
                     .join(&self.matrix.module(inst).source);
                 let inputs = self.hasher.inputs(&source, &header)?;
-                let key = fingerprint::cache_key(&tc_texts, &self.flags, &header, &inputs);
+                let key = fingerprint::cache_key(&tc_texts, &flags, &header, &inputs);
                 Ok(Prepared {
                     inst,
                     header,
                     gen_root: gen_root.to_path_buf(),
                     source,
                     key,
+                    archs,
+                    flags,
                 })
             })
             .collect()
@@ -257,14 +305,8 @@ impl<'m> Builder<'m> {
             source: &p.source,
         };
         [
-            NvccCommand::compile(
-                &self.toolchain,
-                &self.flags,
-                &inputs,
-                object,
-                &self.launcher,
-            ),
-            NvccCommand::link(&self.toolchain, &self.flags, object, output),
+            NvccCommand::compile(&self.toolchain, &p.flags, &inputs, object, &self.launcher),
+            NvccCommand::link(&self.toolchain, &p.flags, object, output),
         ]
     }
 
@@ -403,6 +445,7 @@ impl<'m> Builder<'m> {
                 inst: r.prepared.inst,
                 path: out_dir.join(format!("{}.so", r.prepared.inst.uri)),
                 key: r.prepared.key,
+                archs: r.prepared.archs,
                 entry: r.entry,
                 cached: r.cached,
                 compile_time: r.compile_time,
@@ -480,6 +523,7 @@ impl<'m> Builder<'m> {
                     path,
                     cached: true,
                     compile_time: None,
+                    archs: self.instance_archs(inst),
                 })
             })
             .collect();
@@ -623,6 +667,8 @@ impl<'m> Builder<'m> {
             fingerprint: b.key.clone(),
             path,
             sha256: b.entry.sha256.clone(),
+            archs: b.archs.iter().flat_map(Arch::targets).collect(),
+            runs_on: crate::arch::runs_on_all(&b.archs),
         }
     }
 }

@@ -51,6 +51,7 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
         )
         .unwrap();
         h.push_str(&code_defines(axis));
+        h.push_str(&backend_defines(axis, &[index]));
         match (axis.kind, value) {
             (AxisKind::Int, Value::Int(v)) => {
                 writeln!(h, "constexpr int {} = {v};", axis.c_names[0]).unwrap()
@@ -58,7 +59,7 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
             (AxisKind::Bool, Value::Bool(v)) => {
                 writeln!(h, "constexpr bool {} = {v};", axis.c_names[0]).unwrap()
             }
-            (AxisKind::Enum, _) => writeln!(
+            (AxisKind::Enum | AxisKind::Backend, _) => writeln!(
                 h,
                 "constexpr int {} = {};",
                 axis.c_names[0],
@@ -163,6 +164,7 @@ pub fn dispatch_header(
         )
         .unwrap();
         h.push_str(&code_defines(axis));
+        h.push_str(&backend_defines(axis, values));
         writeln!(h, "#define DISPATCH_{}(value, NAME, ...) \\", axis.name).unwrap();
         writeln!(h, "  [&]() -> bool {{ \\").unwrap();
         writeln!(h, "    switch (static_cast<long long>(value)) {{ \\").unwrap();
@@ -235,22 +237,44 @@ fn kind_name(kind: AxisKind) -> &'static str {
         AxisKind::Bool => "bool",
         AxisKind::Enum => "enum",
         AxisKind::Variant => "variant",
+        AxisKind::Backend => "backend",
     }
+}
+
+/// For a `backend` axis, `#define FLASHGEN_BACKEND_<value> 1` for each value this header's
+/// binary holds (`held`, value indices) and `0` for the others, so a `.cu` can include an
+/// implementation's headers only where it is compiled (`#if FLASHGEN_BACKEND_sm90`): an
+/// instance limited to 9.0a is the only one whose compile sees Hopper code.
+fn backend_defines(axis: &Axis, held: &[usize]) -> String {
+    if axis.kind != AxisKind::Backend {
+        return String::new();
+    }
+    (0..axis.values.len())
+        .map(|i| {
+            format!(
+                "#define FLASHGEN_BACKEND_{} {}\n",
+                axis.values[i],
+                u8::from(held.contains(&i))
+            )
+        })
+        .collect()
 }
 
 /// `#define FLASHGEN_CODE_<axis>_<value> <code>` for name-valued axes, so C code can spell codes.
 fn code_defines(axis: &Axis) -> String {
     match axis.kind {
-        AxisKind::Dtype | AxisKind::Enum | AxisKind::Variant => (0..axis.values.len())
-            .map(|i| {
-                format!(
-                    "#define FLASHGEN_CODE_{}_{} {}\n",
-                    axis.name,
-                    axis.values[i],
-                    axis.code(i)
-                )
-            })
-            .collect(),
+        AxisKind::Dtype | AxisKind::Enum | AxisKind::Variant | AxisKind::Backend => {
+            (0..axis.values.len())
+                .map(|i| {
+                    format!(
+                        "#define FLASHGEN_CODE_{}_{} {}\n",
+                        axis.name,
+                        axis.values[i],
+                        axis.code(i)
+                    )
+                })
+                .collect()
+        }
         _ => String::new(),
     }
 }
@@ -260,7 +284,9 @@ fn binding(axis: &Axis, index: usize) -> String {
     match (&axis.kind, &axis.values[index]) {
         (AxisKind::Int, Value::Int(v)) => format!("constexpr int NAME = {v};"),
         (AxisKind::Bool, Value::Bool(v)) => format!("constexpr bool NAME = {v};"),
-        (AxisKind::Enum, _) => format!("constexpr int NAME = {};", axis.code(index)),
+        (AxisKind::Enum | AxisKind::Backend, _) => {
+            format!("constexpr int NAME = {};", axis.code(index))
+        }
         (AxisKind::Dtype, Value::Name(d)) => format!("using NAME = {};", cuda_type(d)),
         (AxisKind::Variant, Value::Name(n)) => format!("using NAME = FlashgenVariant_{n};"),
         _ => unreachable!("values are validated against their axis kind"),
@@ -372,7 +398,11 @@ fn abi_section(m: &Module) -> String {
         names.join(", ")
     )
     .unwrap();
-    for a in m.axes.iter().filter(|a| a.kind == AxisKind::Enum) {
+    for a in m
+        .axes
+        .iter()
+        .filter(|a| matches!(a.kind, AxisKind::Enum | AxisKind::Backend))
+    {
         let values: Vec<String> = a.values.iter().map(|v| format!("\"{v}\"")).collect();
         writeln!(
             h,
@@ -390,7 +420,9 @@ fn abi_section(m: &Module) -> String {
             AxisKind::Dtype => ("%s", format!("::flashgen::dtype_name<A{i}>()")),
             AxisKind::Int => ("%d", format!("static_cast<int>(A{i})")),
             AxisKind::Bool => ("%s", format!("A{i} ? \"true\" : \"false\"")),
-            AxisKind::Enum => ("%s", format!("flashgen_names_{}[A{i}]", a.name)),
+            AxisKind::Enum | AxisKind::Backend => {
+                ("%s", format!("flashgen_names_{}[A{i}]", a.name))
+            }
             AxisKind::Variant => ("%s", format!("A{i}::name")),
         };
         fmt.push(format!("{}={f}", a.name));

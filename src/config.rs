@@ -107,6 +107,10 @@ pub struct ModuleDecl {
     pub axes: Vec<AxisDecl>,
     #[serde(default)]
     pub aot: AotDecl,
+    /// The only architectures the module is built for ("9.0a"), as compile targets; absent:
+    /// every architecture of the build.
+    #[serde(default)]
+    pub archs: Option<Vec<String>>,
 }
 
 /// The fields of a module's arguments struct, in order: first those that change on every call
@@ -138,6 +142,9 @@ pub enum AxisKind {
     Bool,
     Enum,
     Variant,
+    /// Implementations of one module, in order of preference: the loader picks the first whose
+    /// architectures run on the device. Values may be limited to some architectures (`archs`).
+    Backend,
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,6 +164,10 @@ pub struct AxisDecl {
     pub min: Option<i64>,
     #[serde(default)]
     pub max: Option<i64>,
+    /// `backend` axes only: value -> the only architectures its instances are built for
+    /// (`{"sm90": ["9.0a"]}`); a value left out is built for every architecture.
+    #[serde(default)]
+    pub archs: Option<UniqueMap<Vec<String>>>,
 }
 
 /// The precompiled subset: the union of `include` selections minus every `exclude` selection.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::Value as Json;
 
+use crate::arch::{self, Arch};
 use crate::c_ident;
 use crate::config::{self, AxisKind, ConfigFile, ParamDecl, UniqueMap, VariantDecl, VariantsFile};
 use crate::error::UsageError;
@@ -62,6 +63,9 @@ pub struct Axis {
     pub values: Vec<Value>,
     /// The constant (or, for dtype axes, the type aliases) the generated header defines.
     pub c_names: Vec<String>,
+    /// Per value: the only architectures its instances are built for (`backend` axes' `archs`);
+    /// `None` for every architecture.
+    pub arch_limits: Vec<Option<Vec<Arch>>>,
 }
 
 impl Axis {
@@ -132,11 +136,35 @@ pub struct Module {
     pub axes: Vec<Axis>,
     aot_include: Vec<Selection>,
     aot_exclude: Vec<Selection>,
+    /// The only architectures the whole module is built for (`modules.<m>.archs`).
+    pub arch_limit: Option<Vec<Arch>>,
 }
 
 impl Module {
     pub fn axis(&self, name: &str) -> Option<&Axis> {
         self.axes.iter().find(|a| a.name == name)
+    }
+
+    /// The module's `backend` axis (at most one) and its position.
+    pub fn backend_axis(&self) -> Option<(usize, &Axis)> {
+        self.axes
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.kind == AxisKind::Backend)
+    }
+
+    /// The only architectures an instance choosing `choice` is built for: the module's limit and
+    /// its backend value's, both; `None` for every architecture.
+    pub fn arch_limit(&self, choice: &[usize]) -> Option<Vec<Arch>> {
+        self.axes
+            .iter()
+            .zip(choice)
+            .fold(self.arch_limit.clone(), |acc, (a, &i)| {
+                arch::intersect(
+                    acc.as_deref(),
+                    a.arch_limits.get(i).and_then(Option::as_deref),
+                )
+            })
     }
 
     /// Whether the combination `choice` (one value index per axis) is in the AOT subset.
@@ -286,6 +314,7 @@ impl Matrix {
                 if axis.kind == AxisKind::Variant {
                     axis.values
                         .extend(user_variants.iter().map(|v| Value::Name(v.name.clone())));
+                    axis.arch_limits.resize(axis.values.len(), None);
                 }
                 check_c_names(&axis, a, &axes, &structs, decl, &aloc)?;
                 axes.push(axis);
@@ -303,6 +332,11 @@ impl Matrix {
                 Some(a) => Some(check_args(a, &axes, &loc.field("args"))?),
                 None => None,
             };
+            let arch_limit = match &decl.archs {
+                Some(list) => Some(check_limit(list, &loc.field("archs"))?),
+                None => None,
+            };
+            check_arch_limits(&axes, arch_limit.as_deref(), &file.archs, &loc)?;
             let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
                 list.iter()
                     .enumerate()
@@ -317,6 +351,7 @@ impl Matrix {
                 aot_include: sel(&decl.aot.include, "include")?,
                 aot_exclude: sel(&decl.aot.exclude, "exclude")?,
                 axes,
+                arch_limit,
             });
         }
         if modules.is_empty() {
@@ -385,7 +420,22 @@ impl Matrix {
                 .collect(),
             codes: self.codes_json(inst),
             aot: inst.aot,
+            arch_limit: self
+                .arch_limit(inst)
+                .map(|l| l.iter().map(ToString::to_string).collect()),
         }
+    }
+
+    /// The only architectures `inst` is built for (its module's and backend's limits); `None`
+    /// for every architecture of the build.
+    pub fn arch_limit(&self, inst: &Instance) -> Option<Vec<Arch>> {
+        self.module(inst).arch_limit(&inst.choice)
+    }
+
+    /// The archs of a build for `requested` that `inst` is compiled for; empty when it is built
+    /// for none of them (a build for 8.0 skips an instance limited to 9.0a).
+    pub fn instance_archs(&self, inst: &Instance, requested: &[Arch]) -> Vec<Arch> {
+        arch::restrict(requested, self.arch_limit(inst).as_deref())
     }
 
     pub fn codes_json(&self, inst: &Instance) -> serde_json::Map<String, Json> {
@@ -859,6 +909,15 @@ fn check_axis(
             .field("values")
             .err(format!("axis `{}` has no values", decl.name)));
     }
+    if decl.kind != AxisKind::Backend && decl.archs.is_some() {
+        return Err(loc
+            .field("archs")
+            .err("only `backend` axes take `archs`")
+            .with_hint(
+                "declare the implementations as a `backend` axis, or limit the whole module \
+                 with modules.<name>.archs",
+            ));
+    }
     if decl.kind != AxisKind::Int {
         for (key, given) in [("min", decl.min), ("max", decl.max)] {
             if given.is_some() {
@@ -904,13 +963,16 @@ fn check_axis(
                 let known: Vec<_> = DTYPES.iter().map(|(d, _)| *d).collect();
                 return Err(vloc.err(format!("unknown dtype `{n}` (known: {})", known.join(", "))));
             }
-            (AxisKind::Enum, Value::Name(n)) => {
+            (AxisKind::Enum | AxisKind::Backend, Value::Name(n)) => {
                 if !c_ident::is_identifier(n) {
                     return Err(vloc.err(format!(
                         "`{n}` is not a C identifier (letters, digits and _, not leading digit)"
                     )));
                 }
                 check_generated(n, &format!("FLASHGEN_CODE_{}_{n}", decl.name), &vloc)?;
+                if decl.kind == AxisKind::Backend {
+                    check_generated(n, &format!("FLASHGEN_BACKEND_{n}"), &vloc)?;
+                }
             }
             _ => {}
         }
@@ -931,12 +993,141 @@ fn check_axis(
         Some(names) => names.clone(),
         None => vec![decl.name.to_uppercase()],
     };
+    let mut arch_limits = vec![None; values.len()];
+    for (value, list) in decl.archs.iter().flat_map(UniqueMap::iter) {
+        let lloc = loc.field(&format!("archs.{value}"));
+        let Some(i) = values.iter().position(|v| v.to_string() == *value) else {
+            let names: Vec<String> = values.iter().map(ToString::to_string).collect();
+            return Err(lloc.err(format!(
+                "`{value}` is not a value of axis `{}` (values: {})",
+                decl.name,
+                names.join(", ")
+            )));
+        };
+        arch_limits[i] = Some(check_limit(list, &lloc)?);
+    }
     Ok(Axis {
         name: decl.name.clone(),
         kind: decl.kind,
         values,
         c_names,
+        arch_limits,
     })
+}
+
+/// An arch limit as declared: compile targets (`9.0a`), at least one, each once.
+fn check_limit(list: &[String], loc: &Located) -> Result<Vec<Arch>, UsageError> {
+    if list.is_empty() {
+        return Err(loc
+            .err("an empty list of architectures builds nothing")
+            .with_hint(
+            "list the architectures it is built for, or leave the limit out (every architecture)",
+        ));
+    }
+    let mut out: Vec<Arch> = Vec::new();
+    for (i, item) in list.iter().enumerate() {
+        let arch = arch::parse_limit_item(item).map_err(|m| loc.field(&format!("[{i}]")).err(m))?;
+        if !out.iter().any(|a| a.same_target(&arch)) {
+            out.push(arch);
+        }
+    }
+    Ok(out)
+}
+
+/// A module has at most one `backend` axis, and every instance keeps an architecture: its
+/// module's limit and its backend value's limit overlap, and meet variants.json's `archs` (the
+/// default build) when the file names any. Refused at the field that makes the set empty.
+fn check_arch_limits(
+    axes: &[Axis],
+    module_limit: Option<&[Arch]>,
+    default_archs: &[String],
+    loc: &Located,
+) -> Result<(), UsageError> {
+    let backends: Vec<usize> = (0..axes.len())
+        .filter(|&i| axes[i].kind == AxisKind::Backend)
+        .collect();
+    if let [first, second, ..] = backends[..] {
+        return Err(loc
+            .field(&format!("axes[{second}]"))
+            .err(format!(
+                "a module has one backend axis, and `{}` is already one",
+                axes[first].name
+            ))
+            .with_hint("list every implementation as a value of that one axis"));
+    }
+    let any_limit = module_limit.is_some()
+        || axes
+            .iter()
+            .any(|a| a.arch_limits.iter().any(Option::is_some));
+    if !any_limit {
+        return Ok(());
+    }
+    let defaults = if default_archs.is_empty() {
+        None
+    } else {
+        let list = default_archs.join(" ");
+        let parsed = arch::parse_list(&list, "variants.json archs").map_err(|e| {
+            Located {
+                file: loc.file.clone(),
+                field: "archs".into(),
+            }
+            .err(e)
+        })?;
+        Some(parsed)
+    };
+    // Every limit an instance can have: the module's alone, or with one backend value's.
+    let mut cases: Vec<(Located, String, Option<Vec<Arch>>)> = Vec::new();
+    match backends.first() {
+        Some(&bi) => {
+            let axis = &axes[bi];
+            for (vi, value) in axis.values.iter().enumerate() {
+                let (field, what) = match &axis.arch_limits[vi] {
+                    Some(_) => (
+                        loc.field(&format!("axes[{bi}].archs.{value}")),
+                        format!("backend `{value}`"),
+                    ),
+                    None => (loc.field("archs"), "the module".to_string()),
+                };
+                let limit = arch::intersect(module_limit, axis.arch_limits[vi].as_deref());
+                if limit.as_ref().is_some_and(Vec::is_empty) {
+                    return Err(field
+                        .err(format!(
+                            "{what} is built only for {}, but the module only for {}: its \
+                             instances would be built for no architecture",
+                            arch::spell(axis.arch_limits[vi].as_deref().unwrap_or(&[])),
+                            arch::spell(module_limit.unwrap_or(&[]))
+                        ))
+                        .with_hint("make the two lists overlap"));
+                }
+                cases.push((field, what, limit));
+            }
+        }
+        None => cases.push((
+            loc.field("archs"),
+            "the module".into(),
+            module_limit.map(<[Arch]>::to_vec),
+        )),
+    }
+    let Some(defaults) = defaults else {
+        return Ok(());
+    };
+    for (field, what, limit) in cases {
+        let Some(limit) = limit else { continue };
+        if arch::restrict(&defaults, Some(&limit)).is_empty() {
+            return Err(field
+                .err(format!(
+                    "{what} is built only for {}, none of which is in variants.json `archs` ({}): \
+                     its instances would be built for no architecture",
+                    arch::spell(&limit),
+                    arch::spell(&defaults)
+                ))
+                .with_hint(format!(
+                    "add {} to `archs`, or correct the limit",
+                    arch::spell(&limit)
+                )));
+        }
+    }
+    Ok(())
 }
 
 fn parse_value(kind: AxisKind, raw: &Json) -> Result<Value, String> {
@@ -946,7 +1137,10 @@ fn parse_value(kind: AxisKind, raw: &Json) -> Result<Value, String> {
             .map(Value::Int)
             .ok_or_else(|| format!("`{n}` is not an integer")),
         (AxisKind::Bool, Json::Bool(b)) => Ok(Value::Bool(*b)),
-        (AxisKind::Dtype | AxisKind::Enum | AxisKind::Variant, Json::String(s)) => {
+        (
+            AxisKind::Dtype | AxisKind::Enum | AxisKind::Variant | AxisKind::Backend,
+            Json::String(s),
+        ) => {
             if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 Err(format!("`{s}` must be made of letters, digits and _"))
             } else {

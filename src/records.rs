@@ -24,6 +24,10 @@ pub struct InstanceRow {
     pub codes: Map<String, Json>,
     /// In the precompiled (AOT) subset of variants.json.
     pub aot: bool,
+    /// The only architectures it is built for (its module's `archs` and its backend value's),
+    /// spelled as in variants.json (`9.0a`); absent: every architecture of the build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch_limit: Option<Vec<String>>,
 }
 
 /// One built instance in a manifest (or, with an absolute `path`, in `build --json`).
@@ -36,6 +40,11 @@ pub struct BuiltRow {
     /// The `.so` file name beside the manifest (absolute in `build --json`).
     pub path: String,
     pub sha256: String,
+    /// The targets this binary holds (`sm_90a`): the build's archs its arch limit allows.
+    pub archs: Vec<String>,
+    /// Which compute capabilities those targets run on; the loader takes this instance only
+    /// on a device one of these rows admits.
+    pub runs_on: Vec<RunsOn>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,9 +59,10 @@ pub struct ToolchainRow {
 pub struct Manifest {
     pub flashgen_version: String,
     pub toolchain: ToolchainRow,
-    /// The targets the binaries hold (`sm_90a`, `compute_90`).
+    /// The targets of the build (`sm_90a`, `compute_90`); an instance with an arch limit holds
+    /// those it allows (its row's `archs`).
     pub archs: Vec<String>,
-    /// Which compute capabilities those targets run on: the loader's only arch knowledge.
+    /// Which compute capabilities the build's targets run on (each row has its own).
     pub runs_on: Vec<RunsOn>,
     pub instances: Vec<BuiltRow>,
 }
@@ -62,8 +72,12 @@ pub struct Manifest {
 pub struct ListRow {
     #[serde(flatten)]
     pub instance: InstanceRow,
-    /// In the cache for the resolved archs (null when no toolchain could key it).
+    /// In the cache for the resolved archs (null when no toolchain could key it; false when
+    /// the instance is built for none of them).
     pub built: Option<bool>,
+    /// The resolved archs it is built for, as `--arch` spells them (empty: none of them, so a
+    /// build skips it; null when no arch list could be resolved).
+    pub archs: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,6 +106,33 @@ pub struct ModuleRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub args: Option<crate::config::ArgsDecl>,
     pub axes: Vec<AxisRow>,
+    /// `modules.<m>.archs`: the only architectures the module is built for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch_limit: Option<Vec<String>>,
+    /// With a `backend` axis: its values in order of preference, each with the architectures
+    /// its instances are limited to and the compute capabilities those run on. The loader picks
+    /// the first row whose `runs_on` admits the device (null: any device), so the rule and the
+    /// arch knowledge stay here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backends: Option<BackendTable>,
+}
+
+/// The choice among a module's implementations (`describe`'s `modules.<m>.backends`).
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendTable {
+    /// The axis that holds them (`backend`).
+    pub axis: String,
+    /// In the order of preference variants.json declares.
+    pub order: Vec<BackendRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendRow {
+    pub name: String,
+    /// The only architectures its instances are built for (module and value limits); null: all.
+    pub arch_limit: Option<Vec<String>>,
+    /// The compute capabilities those run on; null: any (the JIT builds for the device).
+    pub runs_on: Option<Vec<RunsOn>>,
 }
 
 /// One row of the variant parameter type table (`param_types`).

@@ -11,6 +11,8 @@ Public API::
     flashgen.Variant(name, source, params=[("logits_scale", "float")])   # a custom variant
     flashgen.list_variants(module=None, **where)
     flashgen.is_precompiled(module, **params)
+    # every kernel function takes backend=None: the module's implementation (default: the best
+    # one the device runs, in the order variants.json declares)
 
 Importing flashgen imports only the standard library; tensors come from torch, cupy or any
 DLPack producer. Environment: ``FLASHGEN_CACHE_DIR`` (JIT cache, default ``~/.cache/flashgen``),
@@ -48,8 +50,10 @@ __all__ = [
 
 def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any]]:
     """The matrix's instances, as ``flashgen list-variants --json`` prints them (``uri``,
-    ``module``, ``params``, ``codes``, ``aot``), plus ``precompiled``: whether this installation
-    ships its binary. ``where`` filters by axis value; string values may be shell-style globs
+    ``module``, ``params``, ``codes``, ``aot``), plus ``backend`` (its value of the module's
+    backend axis, None for a module with one implementation), ``arch_limit`` (the only archs it
+    is built for, None for all) and ``precompiled``: whether this installation ships its
+    binary. ``where`` filters by axis value; string values may be shell-style globs
     (``head_dim="*6*"``): the selection is the CLI's own (``--module``/``--where``), so the two
     never disagree."""
     from . import _install, _matrix
@@ -64,19 +68,33 @@ def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any
             mx.module(module)  # a ValueError naming the modules that exist
         uris = set(_install.select_uris(module, {k: _matrix.format_value(v) for k, v in where.items()}))
         chosen = [i for i in mx.instances if i.uri in uris]
+
+    def backend(i: _matrix.Instance) -> Any:
+        axis = mx.modules[i.module].backend_axis if i.module in mx.modules else None
+        return None if axis is None else i.params.get(axis)
+
     return [
         {"uri": i.uri, "module": i.module, "params": dict(i.params), "codes": dict(i.codes),
-         "aot": i.aot, "precompiled": i.uri in shipped}
+         "aot": i.aot, "backend": backend(i),
+         "arch_limit": list(i.arch_limit) if i.arch_limit is not None else None,
+         "precompiled": i.uri in shipped}
         for i in chosen
     ]
 
 
 def is_precompiled(module: str, **params: Any) -> bool:
     """Whether the instance of ``module`` with exactly ``params`` (every axis) is shipped
-    precompiled in this installation. Raises ValueError when no instance has these params."""
-    from . import _install, _matrix
+    precompiled in this installation. A module's ``backend`` may be left out: it is then the one
+    a kernel call on this device takes (``FLASHGEN_DEVICE_CC``, else the driver's device 0).
+    Raises ValueError when no instance has these params."""
+    from . import _install, _loader, _matrix
 
-    inst = _matrix.matrix().find(module, params)
+    mx = _matrix.matrix()
+    axis = mx.module(module).backend_axis
+    if axis is not None and axis not in params:
+        mx.check_partial(module, params, (axis,))
+        params = mx.with_backend(module, params, _loader.device_capability())
+    inst = mx.find(module, params)
     manifest = _install.aot_manifest() or {}
     return any(rec.get("uri") == inst.uri for rec in manifest.get("instances", ()))
 

@@ -163,21 +163,22 @@ _instances: dict[tuple[Any, ...], _loader.Loaded] = {}
 
 def instance_for(what: str, module: str, params: dict[str, Any], custom: Variant | None,
                  device: int) -> _loader.Loaded:
-    """The loaded instance for these params (validated against the matrix on first use)."""
+    """The loaded instance for these params (validated against the matrix on first use; without
+    the module's backend axis, the loader takes the best backend the device runs)."""
     key = (module, tuple(params.values()), custom, device)
     hit = _instances.get(key)
     if hit is not None:
         return hit
     mx = matrix()
-    try:
-        if custom is None:
-            mx.find(module, params, what=what)
-        else:
-            mx.check_custom(module, {k: v for k, v in params.items() if k != "variant"}, what=what)
-    except ValueError:
-        raise
+    backend = mx.module(module).backend_axis
+    if custom is not None:
+        mx.check_custom(module, {k: v for k, v in params.items() if k != "variant"}, what=what)
+    elif backend is not None and backend not in params:
+        mx.check_partial(module, params, (backend,), what=what)  # the loader picks the backend
+    else:
+        mx.find(module, params, what=what)
     _cuda.driver()  # a clear NoGPUError before any build or launch when there is no driver
-    loaded = _loader.load(module, params, custom, device)
+    loaded = _loader.load(module, params, custom, device, what=what)
     _instances[key] = loaded
     return loaded
 

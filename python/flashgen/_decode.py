@@ -74,6 +74,7 @@ def single_decode(
     out: Any = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    backend: str | None = None,
     **variant_params: Any,
 ) -> Any:
     """Attention of one query token per head over one request's KV.
@@ -93,13 +94,18 @@ def single_decode(
         return_lse: also return the log-sum-exp of each head's logits (float32
             ``[num_qo_heads]``, natural log).
         out: optional output tensor shaped and typed like ``q``.
+        backend: the module's implementation, for a module whose matrix declares a ``backend``
+            axis (``flashgen.list_variants()`` shows each instance's); by default the first one,
+            in the order variants.json declares, that runs on the device. One that cannot run
+            there is a ValueError naming the device's compute capability and the backends it runs.
 
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``. Tensors may come from torch,
         cupy or any DLPack producer; outputs are allocated by ``q``'s framework.
     """
     return _op.call(SINGLE_DECODE, (q, k, v), out, kv_layout, variant, sm_scale, return_lse,
-                    (pos_encoding, rope_theta, rope_scale), variant_params)
+                    (pos_encoding, rope_theta, rope_scale), variant_params,
+                    backend)
 
 
 def batch_decode(
@@ -117,6 +123,7 @@ def batch_decode(
     out: Any = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    backend: str | None = None,
     **variant_params: Any,
 ) -> Any:
     """Decode attention for a batch of requests over a paged KV cache.
@@ -129,12 +136,13 @@ def batch_decode(
         kv_indptr: int32 ``[batch + 1]``: request ``b`` owns ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``.
         kv_indices: int32 page ids, ``[kv_indptr[batch]]``.
         kv_last_page_len: int32 ``[batch]``, entries in the last page of each request (1..page_size).
-        pos_encoding, rope_theta, rope_scale, variant, sm_scale, return_lse, out, variant_params: as
-            in ``single_decode``; the LSE is float32 ``[batch, num_qo_heads]``.
+        pos_encoding, rope_theta, rope_scale, variant, sm_scale, return_lse, out, backend,
+            variant_params: as in ``single_decode``; the LSE is float32 ``[batch, num_qo_heads]``.
 
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     tensors = (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)
     return _op.call(BATCH_DECODE, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (pos_encoding, rope_theta, rope_scale), variant_params)
+                    (pos_encoding, rope_theta, rope_scale), variant_params,
+                    backend)

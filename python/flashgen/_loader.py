@@ -2,7 +2,9 @@
 device, else the one the bundled ``flashgen`` binary finds in, or builds into, its cache.
 
 Python holds no build policy. Which architectures a precompiled file runs on is data the build
-wrote into the manifest (``runs_on``); where the cache lives, how it is keyed, what the JIT builds
+wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes is
+the first of ``describe``'s ``backends`` (in the order variants.json declares) whose ``runs_on``
+admits it; where the cache lives, how it is keyed, what the JIT builds
 for a device, locking and verification belong to the binary, which the JIT path runs as
 ``flashgen jit`` and which answers with the verified object's path and sha256. Either way the
 loader reads the file once, checks it (``_verify``) and loads those very bytes. AOT hits spawn
@@ -21,7 +23,7 @@ from typing import Any, Mapping
 
 from . import _cuda, _install
 from ._errors import CompileError, FlashgenError, JITDisabledError
-from ._matrix import Instance, format_value, matrix
+from ._matrix import Instance, admits, format_value, matrix
 from ._variant import Variant
 from ._verify import UntrustedFileError, loadable_path, read_checked
 
@@ -94,10 +96,13 @@ def device_capability(device: int | None = None) -> tuple[int, int]:
 
 
 def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
-         device: int | None = None, *, prefer_aot: bool = True) -> Loaded:
+         device: int | None = None, *, prefer_aot: bool = True, what: str | None = None) -> Loaded:
     """The instance of ``module`` with ``params`` (axis -> value; for a custom ``variant`` the
-    ``variant`` axis is taken from it). Raises ValueError for params no instance covers.
-    ``prefer_aot=False`` skips the wheel's binaries (the parity test builds through the JIT)."""
+    ``variant`` axis is taken from it). A module's backend axis may be left out: the device gets
+    the first backend it runs (``Matrix.with_backend``); a backend given must run on it. Raises
+    ValueError for params no instance covers and for a backend the device cannot run.
+    ``prefer_aot=False`` skips the wheel's binaries (the parity test builds through the JIT);
+    ``what`` names the caller in errors."""
     cc = device_capability(device)
     memo_key = (module, tuple(sorted((k, format_value(v)) for k, v in params.items())),
                 variant.digest if variant is not None else None, cc,
@@ -110,15 +115,16 @@ def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
     with key_lock:
         hit = _memo.get(memo_key)
         if hit is None:
-            hit = _load(module, dict(params), variant, cc, prefer_aot)
+            hit = _load(module, dict(params), variant, cc, prefer_aot, what)
             _memo[memo_key] = hit
     return hit
 
 
 def _load(module: str, params: dict[str, Any], variant: Variant | None, cc: tuple[int, int],
-          prefer_aot: bool) -> Loaded:
+          prefer_aot: bool, what: str | None) -> Loaded:
     t0 = time.perf_counter()
     mx = matrix()
+    params = mx.with_backend(module, params, cc, what=what)
     inst: Instance | None = None
     if variant is None:
         inst = mx.find(module, params)
@@ -137,24 +143,20 @@ def _load(module: str, params: dict[str, Any], variant: Variant | None, cc: tupl
     return loaded
 
 
-def _runs_on(rows: Any, cc: tuple[int, int]) -> bool:
-    """Whether the manifest's ``runs_on`` rows (``{"target", "min", "max"}``, written by the
-    build) admit a GPU of capability ``cc``."""
-    for row in rows or ():
-        lo, hi = row.get("min"), row.get("max")
-        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
-            return True
-    return False
+_runs_on = admits  # the manifest's rows are read as describe's are
 
 
 def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
     manifest = _install.aot_manifest()
-    if not manifest or not _runs_on(manifest.get("runs_on"), cc):
+    if not manifest:
         return None
     for rec in manifest.get("instances", ()):
         if rec.get("uri") == inst.uri:
             break
     else:
+        return None
+    # Each row holds the targets its instance was built for (an arch limit narrows them).
+    if not _runs_on(rec.get("runs_on"), cc):
         return None
     path = _install.aot_file(rec.get("path"))
     try:
@@ -260,12 +262,12 @@ def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | N
     cache = rec.get("cache_dir", "the JIT cache")
     forbids = f"FLASHGEN_DISABLE_JIT={os.environ.get('FLASHGEN_DISABLE_JIT')} forbids compiling it"
     if variant is None and inst is not None:
-        manifest = _install.aot_manifest()
-        shipped = manifest is not None and any(r.get("uri") == inst.uri for r in manifest.get("instances", ()))
+        manifest = _install.aot_manifest() or {}
+        row = next((r for r in manifest.get("instances", ()) if r.get("uri") == inst.uri), None)
         why = (
             "the wheel's precompiled copy does not run on this GPU "
-            f"(it holds {', '.join(manifest.get('archs', []))})"  # type: ignore[union-attr]
-            if shipped else "it is not precompiled in this installation"
+            f"(it holds {', '.join(row.get('archs', []))})"
+            if row is not None else "it is not precompiled in this installation"
         )
         return (
             f"{inst.uri} is needed for {arch}, but {why}, it is not in the JIT cache ({cache}), "

@@ -7,11 +7,13 @@ construction. This module adds fast lookups and error messages that name the val
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple
+import itertools
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from . import _install
 
-__all__ = ["Axis", "Module", "Param", "Instance", "Matrix", "matrix", "format_value"]
+__all__ = ["Axis", "Backend", "Module", "Param", "Instance", "Matrix", "matrix", "format_value",
+           "admits"]
 
 
 class Axis(NamedTuple):
@@ -20,10 +22,38 @@ class Axis(NamedTuple):
     values: tuple[Any, ...]
 
 
+def admits(rows: Any, cc: tuple[int, int]) -> bool:
+    """Whether ``runs_on`` rows (``{"target", "min", "max"}``, written by the binary: the
+    manifest's, or a backend's in ``describe``) admit a GPU of compute capability ``cc``."""
+    for row in rows or ():
+        lo, hi = row.get("min"), row.get("max")
+        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
+            return True
+    return False
+
+
+class Backend(NamedTuple):
+    """One implementation of a module (a value of its ``backend`` axis), as ``describe`` lists
+    them in order of preference: the archs it is limited to and the compute capabilities those
+    run on (both None: every arch; the JIT builds for the device)."""
+
+    name: str
+    arch_limit: tuple[str, ...] | None
+    runs_on: tuple[Mapping[str, Any], ...] | None
+
+    def runs_on_device(self, cc: tuple[int, int]) -> bool:
+        return self.runs_on is None or admits(self.runs_on, cc)
+
+    def describe(self) -> str:
+        return self.name if self.arch_limit is None else f"{self.name} ({' '.join(self.arch_limit)} only)"
+
+
 class Module(NamedTuple):
     name: str
     entry_points: tuple[str, ...]
     axes: tuple[Axis, ...]
+    backend_axis: str | None = None  # the axis of its implementations, if it has several
+    backends: tuple[Backend, ...] = ()  # in order of preference
 
     def axis(self, name: str) -> Axis | None:
         for axis in self.axes:
@@ -52,6 +82,7 @@ class Instance(NamedTuple):
     params: Mapping[str, Any]
     codes: Mapping[str, int]
     aot: bool
+    arch_limit: tuple[str, ...] | None = None  # the only archs it is built for (None: all)
 
 
 def format_value(value: Any) -> str:
@@ -75,20 +106,23 @@ class Matrix:
             name: tuple(Param(p["name"], p["type"]) for p in spec.get("params", ()))
             for name, spec in data.get("variants", {}).items()
         }
-        self.modules: dict[str, Module] = {
-            name: Module(
+        self.modules: dict[str, Module] = {}
+        for name, spec in data["modules"].items():
+            table = spec.get("backends") or {}
+            self.modules[name] = Module(
                 name,
                 tuple(spec.get("entry_points", ())),
                 tuple(Axis(a["name"], a["type"], tuple(a["values"])) for a in spec["axes"]),
+                table.get("axis"),
+                tuple(Backend(b["name"], _tuple_or_none(b.get("arch_limit")),
+                              _tuple_or_none(b.get("runs_on"))) for b in table.get("order", ())),
             )
-            for name, spec in data["modules"].items()
-        }
         self.instances: list[Instance] = []
         self._index: dict[tuple[str, tuple[Any, ...]], Instance] = {}
         for raw in data.get("instances", ()):
             inst = Instance(
                 raw["uri"], raw["module"], dict(raw["params"]), dict(raw.get("codes", {})),
-                bool(raw.get("aot", False)),
+                bool(raw.get("aot", False)), _tuple_or_none(raw.get("arch_limit")),
             )
             self.instances.append(inst)
             module = self.modules.get(inst.module)
@@ -120,16 +154,69 @@ class Matrix:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def check_custom(self, module: str, params: Mapping[str, Any], *, what: str | None = None) -> None:
-        """For a custom (JIT-only) variant: the other axes must name a combination the matrix has."""
+        """For a custom (JIT-only) variant: the other axes must name a combination the matrix has
+        (the backend may be left out: the loader chooses it)."""
         mod = self.module(module)
         vaxis = mod.variant_axis
         if vaxis is None:
             raise ValueError(f"module {module} has no variant axis; custom variants do not apply")
-        for value in vaxis.values:
-            if self.lookup(module, {**params, vaxis.name: value}) is not None:
-                return
-        self._explain_miss(module, {**params, vaxis.name: vaxis.values[0]}, what=what,
-                           ignore=(vaxis.name,))
+        ignore = [vaxis.name]
+        if mod.backend_axis is not None and mod.backend_axis not in params:
+            ignore.append(mod.backend_axis)
+        self.check_partial(module, params, ignore, what=what)
+
+    def check_partial(self, module: str, params: Mapping[str, Any], ignore: Sequence[str], *,
+                      what: str | None = None) -> None:
+        """The axes not in ``ignore`` name a combination the matrix has (with some values of the
+        ignored ones), else a ValueError naming the values that exist."""
+        mod = self.module(module)
+        if self._exists_ignoring(module, params, set(ignore)):
+            return
+        filled = dict(params)
+        for name in ignore:
+            axis = mod.axis(name)
+            if axis is not None:
+                filled[name] = axis.values[0]
+        self._explain_miss(module, filled, what=what, ignore=tuple(ignore))
+
+    def with_backend(self, module: str, params: Mapping[str, Any], cc: tuple[int, int], *,
+                     what: str | None = None) -> dict[str, Any]:
+        """``params`` with the module's backend axis set for a GPU of compute capability ``cc``:
+        the backend given, which must run there, else the first of ``describe``'s backends (in
+        the order variants.json declares) whose ``runs_on`` admits the device. The order and the
+        rows are the binary's; this only reads them. A module without a backend axis is left as
+        it is. Raises ValueError naming the backend, the device and the backends that run."""
+        mod = self.module(module)
+        name = mod.backend_axis
+        if name is None:
+            return dict(params)
+        prefix = f"{what or module}: "
+        device = f"a GPU of compute capability {cc[0]}.{cc[1]}"
+        runs = [b for b in mod.backends if b.runs_on_device(cc)]
+        if name in params:
+            wanted = format_value(params[name])
+            backend = next((b for b in mod.backends if b.name == wanted), None)
+            if backend is None:
+                raise ValueError(
+                    f"{prefix}{name}={wanted!r} is not a backend of {module}; it has "
+                    f"{', '.join(b.describe() for b in mod.backends)}"
+                )
+            if not backend.runs_on_device(cc):
+                supports = (f"on this device {module} supports {name} "
+                            f"{', '.join(repr(b.name) for b in runs)}" if runs else
+                            f"no backend of {module} runs there")
+                raise ValueError(
+                    f"{prefix}{name}={wanted!r} is built only for "
+                    f"{' '.join(backend.arch_limit or ())}, which does not run on {device}; "
+                    f"{supports}.\n\nLeave {name} unset to take the best one the device runs."
+                )
+            return dict(params)
+        if not runs:
+            raise ValueError(
+                f"{prefix}no backend of {module} runs on {device}: "
+                f"{', '.join(b.describe() for b in mod.backends)}"
+            )
+        return {**params, name: runs[0].name}
 
     def _explain_miss(self, module: str, params: Mapping[str, Any], *, what: str | None,
                       ignore: Iterable[str]) -> None:
@@ -172,10 +259,15 @@ class Matrix:
         if not ignore:
             return self.lookup(module, params) is not None
         mod = self.modules[module]
+        free = [a for a in mod.axes if a.name in ignore]
         return any(
-            self.lookup(module, {**params, a.name: v}) is not None
-            for a in mod.axes if a.name in ignore for v in a.values
+            self.lookup(module, {**params, **{a.name: v for a, v in zip(free, values)}}) is not None
+            for values in itertools.product(*(a.values for a in free))
         )
+
+
+def _tuple_or_none(value: Any) -> Any:
+    return None if value is None else tuple(value)
 
 
 def _norm(value: Any) -> Any:

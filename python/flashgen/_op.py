@@ -22,6 +22,7 @@ from . import _common as C
 from . import _cuda
 from ._errors import KernelError
 from ._kernels import FlashgenError, args_decl, args_struct, call_fields
+from ._matrix import matrix
 from ._tensor import Tensor, allocator_for, describe, torch_tensor_type
 from ._variant import ParamPacker, Variant
 
@@ -248,10 +249,11 @@ _MAX_PLANS = 4096
 
 def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: str | Variant,
          sm_scale: float | None, return_lse: bool, option_values: tuple[Any, ...],
-         variant_params: dict[str, Any]) -> Any:
+         variant_params: dict[str, Any], backend: str | None = None) -> Any:
     """Validate, find the instance, launch. ``tensors`` are the values of ``spec.inputs`` in
     order; ``option_values`` are the function's extra options (``causal``, ``pos_encoding``, RoPE
-    parameters) as ``spec.options`` takes them."""
+    parameters) as ``spec.options`` takes them; ``backend`` names the module's implementation
+    (None: the best one the device runs, chosen by the loader)."""
     plans = _PLANS.get(spec.name)
     if plans is None:
         plans = _PLANS[spec.name] = {}
@@ -273,7 +275,7 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
         else:
             okey = None if out is None else (out.shape, out.stride(), out.dtype, out.get_device())
             key = (tuple(parts), okey, kv_layout, variant, sm_scale, return_lse, option_values,
-                   tuple(variant_params) if variant_params else ())
+                   tuple(variant_params) if variant_params else (), backend)
             try:
                 plan = plans.get(key)
             except TypeError:  # an unhashable argument: the checked path reports it
@@ -282,7 +284,7 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
                 return plan.run(out, 0 if out is None else out.data_ptr(), variant_params, *ptrs)
     options = spec.options(spec.name, *option_values)
     plan, ptrs, o_ptr, out = _plan(spec, tensors, out, kv_layout, variant, sm_scale, return_lse, options,
-                                   variant_params)
+                                   variant_params, backend)
     res = plan.run(out, o_ptr, variant_params, *ptrs)
     if key is not None:
         if len(plans) >= _MAX_PLANS:
@@ -304,7 +306,7 @@ def _torch_tensor_type() -> Any:
 
 def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: Any,
           sm_scale: float | None, return_lse: bool, options: Mapping[str, Any],
-          variant_params: dict[str, Any]) -> tuple[Plan, list[int], int, Any]:
+          variant_params: dict[str, Any], backend: str | None = None) -> tuple[Plan, list[int], int, Any]:
     what = spec.name
     inputs = [t.field or t.name for t in spec.inputs]
     if inputs != list(call_fields(spec.module)[:len(inputs)]):  # pragma: no cover - a spec bug
@@ -334,6 +336,12 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
     for axis, src in spec.axes.items():
         params[axis] = dtype if src == "$dtype" else options[src[1:]] if src.startswith("$") else sym[src]
     params["variant"] = vname
+    if backend is not None:
+        axis = matrix().module(spec.module).backend_axis
+        if axis is None:
+            raise ValueError(f"{what}: backend={backend!r}, but {spec.module} has one implementation "
+                             "(its matrix declares no backend axis); leave backend unset")
+        params[axis] = backend  # checked against the device by the loader
     packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
     loaded = C.instance_for(what, spec.module, params, custom, device)
     alloc = allocator_for(fw)

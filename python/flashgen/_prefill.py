@@ -112,6 +112,7 @@ def single_prefill(
     out: Any = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    backend: str | None = None,
     **variant_params: Any,
 ) -> Any:
     """Attention of ``qo_len`` queries over one request's KV (see the module docstring for the
@@ -125,7 +126,7 @@ def single_prefill(
             of ``num_kv_heads``.
         causal: mask key j for query i unless ``j <= kv_len - qo_len + i``.
         pos_encoding: ``"none"`` or ``"rope_llama"`` (with ``rope_theta``, ``rope_scale``).
-        variant, sm_scale, variant_params: as in ``single_decode``.
+        variant, sm_scale, backend, variant_params: as in ``single_decode``.
         return_lse: also return the float32 ``[qo_len, num_qo_heads]`` log-sum-exp (natural log).
         out: optional output tensor shaped and typed like ``q``.
 
@@ -133,7 +134,8 @@ def single_prefill(
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     return _op.call(SINGLE_PREFILL, (q, k, v), out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    backend)
 
 
 def batch_prefill(
@@ -154,6 +156,7 @@ def batch_prefill(
     kv_rope_offset: Any = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    backend: str | None = None,
     **variant_params: Any,
 ) -> Any:
     """Prefill for a batch of requests whose q, k and v are packed along tokens (ragged).
@@ -174,7 +177,8 @@ def batch_prefill(
     """
     tensors = (q, k, v, qo_indptr, kv_indptr, q_rope_offset, kv_rope_offset)
     return _op.call(BATCH_PREFILL, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    backend)
 
 
 def batch_prefill_paged(
@@ -196,6 +200,7 @@ def batch_prefill_paged(
     kv_rope_offset: Any = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    backend: str | None = None,
     **variant_params: Any,
 ) -> Any:
     """Prefill for a batch whose K/V live in ``batch_decode``'s paged cache (same layouts and
@@ -206,4 +211,5 @@ def batch_prefill_paged(
     tensors = (q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q_rope_offset,
                kv_rope_offset)
     return _op.call(BATCH_PREFILL_PAGED, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params)
+                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    backend)

@@ -19,6 +19,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
         args.compile.launcher.as_deref(),
         args.compile.manylinux.as_deref(),
     )?;
+    let selected = super::buildable(&builder, &selected, &ui)?;
     let report = builder.build(
         &selected,
         &options(&args.compile, &builder, args.out.clone(), &ui)?,

@@ -204,6 +204,7 @@ fn build_aot<'m>(
         c.launcher.as_deref(),
         c.manylinux.as_deref(),
     )?;
+    let selected = super::buildable(&builder, &selected, ui)?;
     let mut opts = super::build::options(c, &builder, args.build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
     opts.use_stamp = false;

@@ -22,18 +22,31 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     let selected = args.filter.select(matrix)?;
     let launcher = Launcher::resolve(args.launcher.as_deref())?;
     let builder = super::builder(matrix, args.arch.as_deref(), true, None, None);
+    let (archs, _) = arch::resolve(args.arch.as_deref(), &matrix.archs)?;
     // Without a toolchain the commands still name `nvcc`, with every flag and folder they need.
-    let (toolchain, flags) = match &builder {
-        Ok(b) => (b.toolchain.clone(), b.flags.clone()),
+    let toolchain = match &builder {
+        Ok(b) => b.toolchain.clone(),
         Err(e) => {
             ui.warn(format!("compile_commands.json will say `nvcc`: {e}"));
-            let (archs, _) = arch::resolve(args.arch.as_deref(), &matrix.archs)?;
-            (
-                Toolchain::placeholder(),
-                compile::output_flags(&matrix.nvcc_flags, &archs, true, false),
-            )
+            Toolchain::placeholder()
         }
     };
+    // An instance's flags name only the archs its arch limit allows.
+    let flags_for = |a: &[arch::Arch]| match &builder {
+        Ok(b) => b.flags_for(a),
+        Err(_) => compile::output_flags(&matrix.nvcc_flags, a, true, false),
+    };
+    let (selected, skipped): (Vec<_>, Vec<_>) = selected
+        .into_iter()
+        .partition(|i| !matrix.instance_archs(i, &archs).is_empty());
+    if !skipped.is_empty() {
+        ui.note(format!(
+            "leaving out {} instances built for none of {}\n{}",
+            skipped.len(),
+            arch::spell(&archs),
+            super::skipped_summary(matrix, &skipped)
+        ));
+    }
     let search_dirs = build::search_dirs(matrix);
     let out = std::path::absolute(&args.out)?;
     let mut commands = Vec::new();
@@ -41,7 +54,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     // One instance (or dispatching module) `name`, whose header is in `out/name/`: the compile
     // and link steps flashgen runs, here with `out` as the working folder and the object and
     // `.so` beside the headers (`out/name.o`, `out/name.so`).
-    let mut entry = |name: &str, source: PathBuf| {
+    let mut entry = |name: &str, source: PathBuf, flags: &[String]| {
         let object = PathBuf::from(format!("{name}.o"));
         let output = PathBuf::from(format!("{name}.so"));
         let header_dir = Path::new(name);
@@ -51,8 +64,8 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             search_dirs: &search_dirs,
             source: &source,
         };
-        let compile = NvccCommand::compile(&toolchain, &flags, &inputs, &object, &launcher);
-        let link = NvccCommand::link(&toolchain, &flags, &object, &output);
+        let compile = NvccCommand::compile(&toolchain, flags, &inputs, &object, &launcher);
+        let link = NvccCommand::link(&toolchain, flags, &object, &output);
         commands.push(json!({
             "directory": out,
             "arguments": compile.argv(),
@@ -68,11 +81,23 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     };
     if args.dispatch {
         for (mi, m) in matrix.modules.iter().enumerate() {
-            let insts: Vec<_> = selected
+            // One binary is compiled for every arch of the build, so it holds only the instances
+            // built for all of them; the others need a build (or generate) of their own archs.
+            let (insts, apart): (Vec<_>, Vec<_>) = selected
                 .iter()
                 .copied()
                 .filter(|i| i.module == mi)
-                .collect();
+                .partition(|i| matrix.instance_archs(i, &archs) == archs);
+            if !apart.is_empty() {
+                ui.note(format!(
+                    "--dispatch: {} instances of {} are left out of its header: they are built \
+                     for only some of {} (generate them with --arch set to their archs)\n{}",
+                    apart.len(),
+                    m.name,
+                    arch::spell(&archs),
+                    super::skipped_summary(matrix, &apart)
+                ));
+            }
             if insts.is_empty() {
                 continue;
             }
@@ -90,7 +115,11 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             let dir = out.join(&m.name);
             fsutil::write_if_changed(&dir.join(codegen::HEADER_NAME), header.as_bytes())?;
             write_args_header(&dir, m)?;
-            entry(&m.name, matrix.root.join("csrc").join(&m.source));
+            entry(
+                &m.name,
+                matrix.root.join("csrc").join(&m.source),
+                &flags_for(&archs),
+            );
         }
     } else {
         for inst in &selected {
@@ -101,6 +130,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             entry(
                 &inst.uri,
                 matrix.root.join("csrc").join(&matrix.module(inst).source),
+                &flags_for(&matrix.instance_archs(inst, &archs)),
             );
         }
     }

@@ -6,33 +6,154 @@
 //! archs for the device ([`arch::resolve_for_device`]), the cache root and its trust checks, the
 //! toolchain, the content key, the per-object lock (concurrent loaders compile an instance
 //! once). The object is never copied out of the cache, so the JIT stores each `.so` once.
+//!
+//! An instance with an arch limit (a `backend` value's or its module's `archs`) is built only
+//! for archs of that limit that run on the device; one that cannot run there is refused, naming
+//! the backends the device does run. Without a `backend` term the verb takes the first backend,
+//! in the order variants.json declares, that runs on the device (the loader reads the same
+//! order and limits from `describe`'s `backends` table, so it never spawns to ask).
 
 use anyhow::Result;
 
-use crate::arch::{self, Capability};
+use crate::arch::{self, Arch, Capability};
 use crate::build::Builder;
 use crate::cache::Cache;
 use crate::cli::JitArgs;
 use crate::compile::Launcher;
 use crate::error::UsageError;
+use crate::instance::Instance;
 use crate::manylinux::Glibc;
 use crate::matrix::Matrix;
 use crate::records::{JitAnswer, JitSource};
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
+/// When `selected` are one instance per value of its module's backend axis (every other axis
+/// equal), those instances in the order the axis declares.
+fn backend_choices<'m>(matrix: &'m Matrix, selected: &[&'m Instance]) -> Option<Vec<&'m Instance>> {
+    let first = selected.first()?;
+    let (bi, _) = matrix.module(first).backend_axis()?;
+    let same_but_backend = |i: &Instance| {
+        i.module == first.module
+            && i.choice
+                .iter()
+                .zip(&first.choice)
+                .enumerate()
+                .all(|(ai, (a, b))| ai == bi || a == b)
+    };
+    if !selected.iter().all(|i| same_but_backend(i)) {
+        return None;
+    }
+    let mut ordered = selected.to_vec();
+    ordered.sort_by_key(|i| i.choice[bi]);
+    Some(ordered)
+}
+
+/// The first of `choices` (in the declared order) whose arch limit runs on a GPU of `cc`.
+fn choose_backend<'m>(
+    matrix: &Matrix,
+    choices: &[&'m Instance],
+    cc: Capability,
+) -> Result<&'m Instance> {
+    if let Some(inst) = choices
+        .iter()
+        .find(|i| arch::limit_runs_on_device(matrix.arch_limit(i).as_deref(), cc))
+    {
+        return Ok(inst);
+    }
+    let (bi, axis) = matrix
+        .module(choices[0])
+        .backend_axis()
+        .expect("backend_choices checked the axis");
+    let each: Vec<String> = choices
+        .iter()
+        .map(|i| {
+            format!(
+                "{} (built only for {})",
+                axis.values[i.choice[bi]],
+                arch::spell(&matrix.arch_limit(i).unwrap_or_default())
+            )
+        })
+        .collect();
+    Err(UsageError::new(format!(
+        "no backend of {} runs on a GPU of compute capability {cc}: {}",
+        matrix.module(choices[0]).name,
+        each.join(", ")
+    ))
+    .with_hint("add a backend without an arch limit (or one for this GPU) to variants.json")
+    .into())
+}
+
+/// Why `inst` cannot be built for a GPU of `cc`: its arch limit, and what the device runs.
+fn cannot_run(matrix: &Matrix, inst: &Instance, cc: Capability) -> anyhow::Error {
+    let m = matrix.module(inst);
+    let limit: Vec<Arch> = matrix.arch_limit(inst).unwrap_or_default();
+    let Some((bi, axis)) = m.backend_axis() else {
+        return UsageError::new(format!(
+            "module {} is built only for {} (modules.{}.archs in {}), and none of them runs on a \
+             GPU of compute capability {cc}",
+            m.name,
+            arch::spell(&limit),
+            m.name,
+            matrix.config_path.display()
+        ))
+        .with_hint("run it on a GPU of those architectures")
+        .into();
+    };
+    let runs: Vec<String> = (0..axis.values.len())
+        .filter(|&vi| {
+            let mut choice = inst.choice.clone();
+            choice[bi] = vi;
+            arch::limit_runs_on_device(m.arch_limit(&choice).as_deref(), cc)
+        })
+        .map(|vi| axis.values[vi].to_string())
+        .collect();
+    let supports = if runs.is_empty() {
+        "no backend of it runs there".to_string()
+    } else {
+        format!(
+            "on this device it supports {} {}",
+            axis.name,
+            runs.join(", ")
+        )
+    };
+    UsageError::new(format!(
+        "{} {}={} is built only for {}, which does not run on a GPU of compute capability {cc}; \
+         {supports}",
+        m.name,
+        axis.name,
+        axis.values[inst.choice[bi]],
+        arch::spell(&limit),
+    ))
+    .with_hint(format!(
+        "leave the {0} out to take the first one the device runs, or pass --where {0}=<one of \
+         those>",
+        axis.name
+    ))
+    .into()
+}
+
 pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
     let cc = Capability::parse(&args.device_cc, "--device-cc")?;
-    let (archs, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
+    let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
     let selected = args.filter.select(matrix)?;
-    let [inst] = selected.as_slice() else {
-        return Err(UsageError::new(format!(
-            "flashgen jit needs --module and --where terms that select exactly one instance; {} match",
-            selected.len()
-        ))
-        .with_hint("give every axis of the module: --where AXIS=VALUE for each")
-        .into());
+    let inst = match selected.as_slice() {
+        [one] => *one,
+        many => match backend_choices(matrix, many) {
+            Some(choices) => choose_backend(matrix, &choices, cc)?,
+            None => {
+                return Err(UsageError::new(format!(
+                    "flashgen jit needs --module and --where terms that select exactly one instance; {} match",
+                    selected.len()
+                ))
+                .with_hint("give every axis of the module (the backend may be left out): --where AXIS=VALUE for each")
+                .into())
+            }
+        },
     };
+    let limit = matrix.arch_limit(inst);
+    let archs = arch::for_device_limited(&requested, limit.as_deref(), cc)
+        .ok_or_else(|| cannot_run(matrix, inst, cc))?;
     let launcher = Launcher::resolve(args.launcher.as_deref())?;
     let target = Glibc::resolve(args.manylinux.as_deref())?;
     let cache = Cache::open_default()?;
@@ -51,7 +172,7 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         size: None,
     };
     let found = if args.no_compile {
-        let prepared = builder.prepare(&[*inst], None)?;
+        let prepared = builder.prepare(&[inst], None)?;
         let key = prepared[0].key.clone();
         builder
             .cache
@@ -60,7 +181,7 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
             .map(|e| (key, e, JitSource::Cache))
     } else {
         let gen = builder.cache.compile_dir(&inst.uri)?;
-        let report = builder.ensure_cached(&[*inst], gen.path(), 1, false, &Ui::new(true))?;
+        let report = builder.ensure_cached(&[inst], gen.path(), 1, false, &Ui::new(true))?;
         if let Some(f) = report.failures.first() {
             super::build::print_failure(f);
             anyhow::bail!("the JIT could not build {}", inst.uri);

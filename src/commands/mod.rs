@@ -18,9 +18,12 @@ use crate::build::Builder;
 use crate::cache::Cache;
 use crate::cli::{Cli, Command};
 use crate::compile::Launcher;
+use crate::error::NoMatch;
+use crate::instance::Instance;
 use crate::manylinux::Glibc;
 use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
+use crate::ui::Ui;
 
 pub fn run(cli: Cli) -> Result<()> {
     let config = ConfigSource::resolve(cli.config.as_deref());
@@ -98,6 +101,62 @@ pub(crate) fn builder<'m>(
     let mut builder = Builder::new(matrix, toolchain, cache, archs, compress);
     builder.launcher = launcher;
     Ok(builder)
+}
+
+/// The selected instances this build compiles. Those whose arch limit allows none of the
+/// build's archs are left out with a note (a build for 8.0 never compiles an instance limited to
+/// 9.0a); when that leaves nothing of a non-empty selection, a [`NoMatch`] (exit 1) says why.
+pub(crate) fn buildable<'m>(
+    builder: &Builder<'m>,
+    selected: &[&'m Instance],
+    ui: &Ui,
+) -> Result<Vec<&'m Instance>> {
+    let (kept, skipped) = builder.buildable(selected);
+    if skipped.is_empty() {
+        return Ok(kept);
+    }
+    let why = skipped_summary(builder.matrix, &skipped);
+    if kept.is_empty() {
+        return Err(NoMatch(format!(
+            "none of the {} selected instances is built for {}:\n{why}\n\nhint: add their \
+             architectures to --arch (or FLASHGEN_CUDA_ARCH_LIST)",
+            skipped.len(),
+            archs_text(&builder.archs)
+        ))
+        .into());
+    }
+    ui.note(format!(
+        "skipping {} of {} instances: built for none of {}\n{why}",
+        skipped.len(),
+        selected.len(),
+        archs_text(&builder.archs)
+    ));
+    Ok(kept)
+}
+
+/// One line per arch limit among `skipped`: the limit, how many, and a few URIs.
+pub(crate) fn skipped_summary(matrix: &Matrix, skipped: &[&Instance]) -> String {
+    let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+    for inst in skipped {
+        let limit = arch::spell(&matrix.arch_limit(inst).unwrap_or_default());
+        match groups.iter_mut().find(|(l, _)| *l == limit) {
+            Some((_, uris)) => uris.push(&inst.uri),
+            None => groups.push((limit, vec![&inst.uri])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(limit, uris)| {
+            let shown: Vec<&str> = uris.iter().take(3).copied().collect();
+            let more = if uris.len() > 3 {
+                format!(", ... ({} more)", uris.len() - 3)
+            } else {
+                String::new()
+            };
+            format!("  built only for {limit}: {}{more}", shown.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Generated headers must never land in `csrc/`: a quoted include there would find one

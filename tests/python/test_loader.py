@@ -323,7 +323,9 @@ def test_list_variants_selects_with_the_clis_own_filter(flashgen_bin: Path, monk
     sd = flashgen.list_variants("single_decode", head_dim=128, variant="s*")
     assert sd and [r["uri"] for r in sd] == _cli_uris(flashgen_bin, "--module", "single_decode", "--where",
                                                       "head_dim=128", "--where", "variant=s*")
-    assert all(set(r) == {"uri", "module", "params", "codes", "aot", "precompiled"} for r in sd)
+    assert all(set(r) == {"uri", "module", "params", "codes", "aot", "backend", "arch_limit", "precompiled"}
+               for r in sd)
+    assert all(r["backend"] is None and r["arch_limit"] is None for r in sd), "no backend axis there"
     # Globs the CLI's matcher reads its own way ({a,b} alternation) mean the same from Python.
     alt = flashgen.list_variants(head_dim="{64,256}", page_size=1)
     assert alt and [r["uri"] for r in alt] == _cli_uris(flashgen_bin, "--where", "head_dim={64,256}",
@@ -753,7 +755,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
 
             return fn
 
-    def load(module: str, params: dict[str, Any], variant: Any = None, device: Any = None) -> Any:
+    def load(module: str, params: dict[str, Any], variant: Any = None, device: Any = None, **kw: Any) -> Any:
         inst = next(i for i in fake_matrix["instances"] if i["module"] == module and i["params"] == params)
         loaded = _loader.Loaded(inst["uri"], module, params, inst["codes"], Path("/nonexistent"), "aot", b"")
         loaded._kernels = Kernels()
