@@ -15,6 +15,9 @@
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
+#if FLASHGEN_BACKEND_sm90
+#include "flashgen/hopper/launch.cuh"
+#endif
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
@@ -41,7 +44,46 @@ int check_shape(const Args& a) {
   return FLASHGEN_OK;
 }
 
-template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag>
+/**
+ * The implementation behind each value of the backend axis (variants.json): the Hopper one
+ * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
+ * portable instance never names Hopper code. A specialization, not `if constexpr` in the
+ * dispatch body: that body is no template, and a discarded branch there is still compiled.
+ */
+template <int BACKEND>
+struct Impl;
+
+template <>
+struct Impl<FLASHGEN_CODE_backend_portable> {
+  template <int HEAD_DIM, int POS, typename DType>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+  }
+  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
+        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+  }
+};
+
+#if FLASHGEN_BACKEND_sm90
+template <>
+struct Impl<FLASHGEN_CODE_backend_sm90> {
+  template <int HEAD_DIM, int POS, typename DType>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    return hopper::single_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+  }
+  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    return hopper::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
+        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+  }
+};
+#endif
+
+template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
 int run(const Args& a, const DeviceInfo& dev) {
   using Params = SinglePrefillParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
@@ -51,8 +93,7 @@ int run(const Args& a, const DeviceInfo& dev) {
   prefill::fill_contiguous_kv(p, a);
   p.qo_len = static_cast<uint32_t>(a.qo_len);
   p.kv_len = static_cast<uint32_t>(a.kv_len);
-  return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
-      p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+  return Impl<BACKEND>::template launch<HEAD_DIM, MASK, POS, Variant>(p, a, dev);
 }
 
 }  // namespace
@@ -67,8 +108,7 @@ extern "C" FLASHGEN_API int flashgen_single_prefill_workspace_size(const Args* a
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes = prefill::single_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+    *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(a, dev);
   });
   return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
@@ -83,7 +123,7 @@ extern "C" FLASHGEN_API int flashgen_single_prefill(const Args* args) {
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding, FG_variant>(a, dev); });
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding, FG_variant, FG_backend>(a, dev); });
   return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 

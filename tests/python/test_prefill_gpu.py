@@ -12,7 +12,9 @@ its output). Seeds come from the case id (crc32), data is fresh per case.
 
 Skips cleanly without torch, without a CUDA device, and while flashgen has no prefill API.
 Default run: bf16 head_dim 128 in depth, the other dtype/head_dim pairs and variants trimmed
-(as test_decode_gpu does); ``FLASHGEN_TEST_FULL=1`` runs the full product. The instances a run
+(as test_decode_gpu does); ``FLASHGEN_TEST_FULL=1`` runs the full product. The modules with a backend axis (single and
+ragged) run on the backend the loader picks for the device (sm90 on Hopper); set
+``FLASHGEN_TEST_BACKEND=portable`` (or ``sm90``) to run every case of those modules on that one. The instances a run
 needs are compiled up front, in parallel (``FLASHGEN_TEST_JIT_THREADS``, default 16), into one
 cache for the module (``FLASHGEN_TEST_CACHE_DIR`` to keep it between runs). Set
 ``FLASHGEN_TEST_ERRLOG=path`` to log every case's worst errors as JSON lines.
@@ -78,6 +80,9 @@ torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
 torch.backends.cudnn.allow_tf32 = False
 
 DEV = "cuda:0"
+# None: the loader's choice for the device; else the backend= of every single / ragged call.
+TEST_BACKEND = os.environ.get("FLASHGEN_TEST_BACKEND") or None
+BACKEND_KINDS = ("single", "ragged")  # the modules that declare a backend axis
 FULL = os.environ.get("FLASHGEN_TEST_FULL") == "1"
 ERRLOG = os.environ.get("FLASHGEN_TEST_ERRLOG")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -111,7 +116,8 @@ BATCH_LENS = {
 
 def _case(**kw: Any) -> dict[str, Any]:
     base = dict(kind="single", dtype="bf16", head_dim=128, variant="default", group=4, layout="NHD",
-                causal=True, pos_encoding="none", rope=0, offsets=False, sm_scale=None, page_size=None)
+                causal=True, pos_encoding="none", rope=0, offsets=False, sm_scale=None, page_size=None,
+                backend=TEST_BACKEND)
     base.update(kw)
     return base
 
@@ -250,11 +256,14 @@ def case_id(case: dict[str, Any]) -> str:
         parts.append(f"rope{case['rope']}" + ("+off" if case["offsets"] else ""))
     if case["sm_scale"] is not None:
         parts.append(f"s{case['sm_scale']}")
+    if case.get("backend") and case["kind"] in BACKEND_KINDS:
+        parts.append(case["backend"])
     return "-".join(parts)
 
 
 def _seed(case: dict[str, Any]) -> int:
-    return zlib.crc32(case_id(case).encode())
+    """From the case's id without its backend: every backend gets the same data."""
+    return zlib.crc32(case_id(dict(case, backend=None)).encode())
 
 
 def variant_params(variant: str, kv_len: int, num_qo_heads: int, rng: random.Random) -> dict[str, Any]:
@@ -514,6 +523,8 @@ def _api_kwargs(case: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
               return_lse=True, **rope_kwargs(case), **params)
     if case["sm_scale"] is not None:
         kw["sm_scale"] = case["sm_scale"]
+    if case.get("backend") and case["kind"] in BACKEND_KINDS:
+        kw["backend"] = case["backend"]
     return kw
 
 
@@ -538,6 +549,8 @@ def run_single(case: dict[str, Any]) -> None:
     assert lse.shape == (qo, hq) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
     ref = reference_prefill(q, k, v, **_ref_kwargs(case, params))
     check(out, lse, ref, dt, f"single_prefill {case_id(case)} {params_note(params)}")
+    if case.get("on_result"):
+        case["on_result"]("single_prefill", out, lse)
 
 
 def params_note(params: dict[str, Any]) -> str:
@@ -570,6 +583,8 @@ def run_batch(case: dict[str, Any], lens: list[tuple[int, int]] | None = None) -
     assert got is out, "out= must be returned"
     assert lse.shape == (sum(qo_lens), hq) and lse.dtype == torch.float32
     check_batch(case, out, lse, q, lens, per, params, q_off, k_off)
+    if case.get("on_result"):
+        case["on_result"]("batch_prefill", out, lse)
 
 
 def check_batch(case: dict[str, Any], out: Any, lse: Any, q: Any, lens: list[tuple[int, int]],
@@ -604,18 +619,22 @@ def warm_keys(case: dict[str, Any]) -> list[tuple[Any, ...]]:
     for kind in kinds:
         ps = c["page_size"] if kind in ("paged", "batch_decode") else None
         keys.append((kind, c["dtype"], c["head_dim"], c["variant"], ps or (16 if kind in ("paged", "batch_decode") else None),
-                     c["pos_encoding"], c["causal"], c["layout"]))
+                     c["pos_encoding"], c["causal"], c["layout"], c.get("backend") if kind in BACKEND_KINDS else None))
+        if c.get("both_backends") and kind in BACKEND_KINDS:
+            keys.extend(keys[-1][:-1] + (b,) for b in ("sm90", "portable"))
     return keys
 
 
 def warm_call(key: tuple[Any, ...]) -> None:
-    kind, dt, d, variant, ps, pe, causal, layout = key
+    kind, dt, d, variant, ps, pe, causal, layout, backend = key
     gen = torch.Generator(device=DEV).manual_seed(1)
     hq = HKV * 4
     params = variant_params(variant, 4, hq, random.Random(0))
     kw = dict(kv_layout=layout, variant=variant_arg(variant), **params)
     if pe != "none":
         kw["pos_encoding"] = pe
+    if backend:
+        kw["backend"] = backend
     q = rand((3, hq, d), dt, gen)
     if kind in ("single", "ragged", "paged"):
         kw["causal"] = causal
@@ -724,7 +743,8 @@ def case_from_instance(module: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     """The cases that exercise precompiled instance ``p`` of ``module`` through the public API.
     Axes it knows: dtype, head_dim, variant, page_size, pos_encoding, mask ("none" / "causal"),
     kv_layout; another axis fails the test (teach it here)."""
-    known = {"dtype", "head_dim", "variant", "page_size", "pos_encoding", "mask", "causal", "mask_mode", "kv_layout"}
+    known = {"dtype", "head_dim", "variant", "page_size", "pos_encoding", "mask", "causal", "mask_mode", "kv_layout",
+             "backend"}
     unknown = set(p) - known
     if unknown:
         pytest.fail(f"{module}: axes {sorted(unknown)} are unknown to this test; map them in case_from_instance")
@@ -742,9 +762,22 @@ def case_from_instance(module: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     layouts = (p["kv_layout"],) if "kv_layout" in p else ("NHD", "HND")
     if p["variant"] not in BUILTIN:
         pytest.fail(f"{module}: precompiled variant {p['variant']!r} has no reference here")
+    if "backend" in p:
+        extra["backend"] = p["backend"]
     return [_case(kind=kind, dtype=p["dtype"], head_dim=int(p["head_dim"]), variant=p["variant"],
                   pos_encoding=p.get("pos_encoding", "none"), causal=c, layout=layout, **extra)
             for c in causals for layout in layouts]
+
+
+def _runs_here(module: str, params: dict[str, Any]) -> bool:
+    """Whether this GPU runs the instance's backend (an sm90 instance is shipped for Hopper only)."""
+    from flashgen import _loader, _matrix
+
+    try:
+        _matrix.matrix().with_backend(module, params, _loader.device_capability())
+    except ValueError:
+        return False
+    return True
 
 
 def test_every_precompiled_prefill_instance() -> None:
@@ -753,7 +786,7 @@ def test_every_precompiled_prefill_instance() -> None:
     ran = 0
     for module in mods:
         for row in flashgen.list_variants(module):
-            if not row["precompiled"]:
+            if not row["precompiled"] or not _runs_here(module, row["params"]):
                 continue
             for case in case_from_instance(module, row["params"]):
                 (run_single if case["kind"] == "single" else run_batch)(case)
@@ -766,6 +799,56 @@ def test_every_precompiled_prefill_instance() -> None:
     print(f"\n{ran} cases over the precompiled prefill instances")
 
 
+# ---------------------------------------------------------------- the backends agree
+
+def agree_cases() -> list[dict[str, Any]]:
+    """Cases run on every backend the GPU has, each checked against the reference and the
+    backends against each other (the same inputs)."""
+    return [
+        _case(shape=(1000, 1000)), _case(shape=(129, 4097), causal=False, group=8),
+        _case(shape=(1000, 129), layout="HND", group=1), _case(shape=(7, 1000), dtype="f16"),
+        _case(shape=(1000, 1000), head_dim=64), _case(shape=(129, 1000), head_dim=256),
+        _case(shape=(1000, 1000), variant="soft_cap"), _case(shape=(129, 1000), variant="alibi"),
+        _case(shape=(1000, 1000), variant="sliding_window"), _case(shape=(129, 1000), variant="sigmoid", causal=False),
+        _case(shape=(1000, 4097), pos_encoding="rope_llama", rope=1),
+        _case(kind="ragged", lens="mixed"), _case(kind="ragged", lens="empty", causal=False),
+        _case(kind="ragged", lens="mixed", pos_encoding="rope_llama", offsets=True, rope=1),
+    ]
+
+
+def _backends_here(module: str) -> list[str]:
+    from flashgen import _loader, _matrix
+
+    mod = _matrix.matrix().module(module)
+    cc = _loader.device_capability()
+    return [b.name for b in mod.backends if b.runs_on_device(cc)]
+
+
+@pytest.mark.parametrize("case", [dict(c, backend=None, both_backends=True) for c in agree_cases()], ids=case_id)
+def test_backends_agree(case: dict[str, Any]) -> None:
+    module = "single_prefill" if case["kind"] == "single" else "batch_prefill_ragged"
+    backends = _backends_here(module)
+    if torch.cuda.get_device_capability(0)[0] == 9:
+        assert backends == ["sm90", "portable"], f"{module} on Hopper runs {backends}"
+    if len(backends) < 2:
+        pytest.skip(f"{module} has one backend on this GPU ({backends})")
+    outs = {}
+    for backend in backends:
+        captured: dict[str, Any] = {}
+
+        def keep(what: str, out: Any, lse: Any) -> None:
+            captured["o"], captured["lse"] = out.clone(), lse.clone()
+
+        c = dict(case, backend=backend, on_result=keep)
+        (run_single if case["kind"] == "single" else run_batch)(c)
+        outs[backend] = captured
+    (a, b) = backends[:2]
+    rows = torch.isfinite(outs[b]["lse"]) & torch.isfinite(outs[a]["lse"])
+    _agree(outs[a]["o"][rows], outs[b]["o"][rows], outs[a]["lse"][rows], outs[b]["lse"][rows], case["dtype"],
+           f"{case_id(case)}: backends {a} and {b}")
+    assert torch.equal(torch.isinf(outs[a]["lse"]), torch.isinf(outs[b]["lse"])), "rows that see no key differ"
+
+
 # ---------------------------------------------------------------- qo_len = 1 prefill == decode
 
 def _agree(a: Any, b: Any, la: Any, lb: Any, dtype: str, what: str) -> None:
@@ -773,9 +856,9 @@ def _agree(a: Any, b: Any, la: Any, lb: Any, dtype: str, what: str) -> None:
     other (each is also checked against the reference)."""
     u = UNIT_ROUNDOFF[dtype]
     err = ((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-30)).max().item()
-    assert err <= OUT_RTOL_U * u, f"{what}: prefill and decode differ by {err:.3e} relative"
+    assert err <= OUT_RTOL_U * u, f"{what}: outputs differ by {err:.3e} relative"
     lerr = (la - lb).abs().max().item()
-    assert lerr <= (LSE_FLOOR_U + LSE_KEYS_U) * u, f"{what}: prefill and decode lse differ by {lerr:.3e}"
+    assert lerr <= (LSE_FLOOR_U + LSE_KEYS_U) * u, f"{what}: lse differ by {lerr:.3e}"
 
 
 @pytest.mark.parametrize("case", [dict(c, decode=True) for c in decode_cases()], ids=case_id)
