@@ -2,6 +2,7 @@
 cuDNN backends) in the same run.
 
     PYTHONPATH=<site with the flashgen wheel> python3 benches/bench_prefill.py [--quick] [--iters 30] [--json out.json]
+        [--backend portable|sm90]
 
 (from a source checkout without a wheel on PYTHONPATH, the checkout's python/ is used.)
 
@@ -13,9 +14,15 @@ every run by writing a 256 MiB buffer; 3 untimed calls first (they load, or JIT-
 instance). FLOPs = 4 * heads * qo_len * kv_len * head_dim per request, halved for causal (the
 convention of FlashAttention's benchmarks; exact causal work is (L + 1) / (2 L) of full).
 
+--backend picks the implementation of the modules that have one (single and ragged; paged too
+once it has a backend axis); without it the loader takes the best the GPU runs (sm90 on Hopper).
+The single-prefill goals depend on it: issue 8's for the portable (mma.sync) kernels, issue 10's
+for the Hopper (sm90) kernels.
+
 Rows and goals:
-  single prefill causal 8192, d128                      >= 370 TFLOP/s
-  single prefill non-causal 8192, d64 / d256 causal 8192, causal 1024   (figures, no goal)
+  single prefill causal 8192, d128                      portable >= 370 TFLOP/s, sm90 >= 700
+  single prefill non-causal 8192, d64 / d256 causal 8192, causal 1024 (sm90 also causal 32768)
+      sm90: >= 760 / 480 / 750 / 270 (/ 680); portable: figures, no goal
   batch ragged: 16 causal requests, lengths drawn with seed 0 from 512..4096 (qo = kv)
       goal: within 10 % of single prefill, compared as TFLOP/s: the batch's TFLOP/s against
       single_prefill's at the FLOP-equivalent length L = sqrt(mean(len^2)) (one request of the
@@ -47,6 +54,10 @@ except ImportError:  # a source checkout: use its python/
     import flashgen
 
 DEV = torch.device("cuda")
+# TFLOP/s goals of the single-prefill rows, (length, head_dim, causal): issue 8 (portable) and 10 (sm90).
+PORTABLE_GOALS = {(8192, 128, True): 370}
+SM90_GOALS = {(8192, 128, True): 700, (8192, 128, False): 760, (8192, 256, True): 750, (8192, 64, True): 480,
+              (1024, 128, True): 270, (32768, 128, True): 680}
 DT = torch.bfloat16
 HEADS = 32
 FLUSH_BYTES = 256 << 20
@@ -185,6 +196,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="headline rows only")
     ap.add_argument("--no-peers", action="store_true", help="skip SDPA")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this path")
+    ap.add_argument("--backend", default=None, help="backend= of every call whose module has one (default: the "
+                    "loader's choice for the GPU)")
     a = ap.parse_args()
     if a.iters < 20:
         ap.error("--iters must be at least 20")
@@ -195,35 +208,46 @@ def main() -> None:
         sys.exit(f"bench_prefill: this flashgen ({getattr(flashgen, '__file__', '?')}) has no {', '.join(missing)}")
     timer = Timer(a.iters)
     table = Table()
+    from flashgen import _loader, _matrix
+
+    mx = _matrix.matrix()
+    backend = {m: mx.with_backend(m, {"backend": a.backend} if a.backend else {}, _loader.device_capability())
+               .get("backend") if mx.module(m).backend_axis else None
+               for m in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")}
+    bk = {m: ({"backend": b} if b else {}) for m, b in backend.items()}
+    goals = SM90_GOALS if backend["single_prefill"] == "sm90" else PORTABLE_GOALS
     gen = torch.Generator(device=DEV).manual_seed(0)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} flashgen {flashgen.__version__} "
           f"({os.path.dirname(flashgen.__file__)}); bf16, {HEADS} heads, median of {a.iters}, L2 flushed "
-          f"({FLUSH_BYTES >> 20} MiB write) before each run", flush=True)
+          f"({FLUSH_BYTES >> 20} MiB write) before each run; backends {backend}", flush=True)
 
     def randn(*shape: int) -> Any:
         return torch.randn(*shape, device=DEV, dtype=DT, generator=gen)
 
-    def single(length: int, d: int, causal: bool, goal: str = "", check: Callable[[float], bool] | None = None,
-               peers: bool = True, **kw: Any) -> float:
+    def single(length: int, d: int, causal: bool, peers: bool = True, goal: bool = True, **kw: Any) -> float:
         q, k, v = randn(length, HEADS, d), randn(length, HEADS, d), randn(length, HEADS, d)
         out = torch.empty_like(q)
         f = flops(HEADS, length, length, d, causal)
-        t = timer(lambda: flashgen.single_prefill(q, k, v, causal=causal, out=out, **kw))
+        t = timer(lambda: flashgen.single_prefill(q, k, v, causal=causal, out=out, **bk["single_prefill"], **kw))
         fl, cu, data = ("", "", {})
         if peers and not a.no_peers:
             fl, cu, data = peer_cells(timer, sdpa_peers(q, k, v, causal), f)
-        met = "" if check is None else ("yes" if check(f / t / 1e12) else "no")
-        table.add(f"single_prefill {'causal' if causal else 'non-causal'} {length}, d{d}", tf(t, f), fl, cu, goal, met,
+        want = goals.get((length, d, causal)) if goal else None
+        met = "" if want is None else ("yes" if f / t / 1e12 >= want else "no")
+        table.add(f"single_prefill {'causal' if causal else 'non-causal'} {length}, d{d}", tf(t, f), fl, cu,
+                  "" if want is None else f">= {want} TFLOP/s", met,
                   s=t, tflops=f / t / 1e12, peers=data)
         return t
 
     # ---- single prefill
-    t_causal = single(8192, 128, True, ">= 370 TFLOP/s", lambda x: x >= 370)
+    t_causal = single(8192, 128, True)
     if not a.quick:
         single(8192, 128, False)
         single(8192, 64, True)
         single(8192, 256, True)
         single(1024, 128, True)
+        if goals is SM90_GOALS:
+            single(32768, 128, True)
 
     # ---- batch: ragged and paged, 16 causal requests of 512..4096 tokens (qo = kv)
     rng = random.Random(0)
@@ -239,9 +263,10 @@ def main() -> None:
     for n in lens:
         offs.append(offs[-1] + n)
     indptr = torch.tensor(offs, dtype=torch.int32, device=DEV)
-    t_single_eq = single(l_eq, 128, True, peers=False)
+    t_single_eq = single(l_eq, 128, True, peers=False, goal=False)
     tf_single_eq = flops(HEADS, l_eq, l_eq, 128, True) / t_single_eq / 1e12
-    t_ragged = timer(lambda: flashgen.batch_prefill(q, indptr, k, v, indptr, causal=True, out=out))
+    t_ragged = timer(lambda: flashgen.batch_prefill(q, indptr, k, v, indptr, causal=True, out=out,
+                                                    **bk["batch_prefill_ragged"]))
     tf_ragged = f_batch / t_ragged / 1e12
     fl = cu = ""
     pdata: dict[str, Any] = {}
@@ -275,7 +300,7 @@ def main() -> None:
     kv_indices = perm.to(torch.int32)
     last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, npages)], dtype=torch.int32, device=DEV)
     t_paged = timer(lambda: flashgen.batch_prefill_paged(q, indptr, cache, kv_indptr, kv_indices, last, causal=True,
-                                                         out=out))
+                                                         out=out, **bk["batch_prefill_paged"]))
     over = t_paged / t_ragged - 1
     table.add(f"batch_prefill_paged page {ps}, same requests", tf(t_paged, f_batch), "n/a: no paged KV", "n/a: no paged KV",
               "time within 5 % of ragged", f"{'yes' if over <= 0.05 else 'no'} ({over * 100:+.1f} %)",
@@ -289,13 +314,14 @@ def main() -> None:
         q, k, v = randn(length, HEADS, 128), randn(length, HEADS, 128), randn(length, HEADS, 128)
         out = torch.empty_like(q)
         f = flops(HEADS, length, length, 128, True)
-        t_def = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out))
+        t_def = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out, **bk["single_prefill"]))
         slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / HEADS) for i in range(HEADS)], device=DEV)
         window = 1024
         for variant, params in (("soft_cap", {"logits_soft_cap": 30.0}), ("sliding_window", {"window_left": window}),
                                 ("alibi", {"alibi_slopes": slopes}), ("sigmoid", {"sigmoid_bias": 0.0})):
             try:
-                t = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out, variant=variant, **params))
+                t = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out, variant=variant, **params,
+                                                          **bk["single_prefill"]))
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 table.add(f"{variant} over default (causal 8192)", "error: " + str(exc).splitlines()[0][:80])
                 continue
@@ -310,7 +336,8 @@ def main() -> None:
 
         # ---- RoPE on vs off
         try:
-            t_rope = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out, pos_encoding="rope_llama"))
+            t_rope = timer(lambda: flashgen.single_prefill(q, k, v, causal=True, out=out, pos_encoding="rope_llama",
+                                                           **bk["single_prefill"]))
             over = t_rope / t_def - 1
             fl = cu = ""
             pdata = {}
@@ -327,7 +354,7 @@ def main() -> None:
     table.print()
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "backends": backend,
                        "flashgen": str(flashgen.__version__), "iters": a.iters, "rows": table.rows}, fh, indent=1)
 
 

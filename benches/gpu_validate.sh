@@ -4,8 +4,10 @@
 # the wheel's own flashgen binary (the JIT's code path), runs the GPU tests (kernels against a
 # PyTorch fp32 reference; the public API: precompiled, JIT, custom variant, cupy; prefill through
 # the API, whose instances the test compiles through the loader) and the benchmarks. Logs go to
-# $OUT. Sections can be chosen: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench] [compile]
-# (default: all; compile times one cold instance build of each family on this machine).
+# $OUT. Sections can be chosen: gpu_validate.sh WHEEL [build] [tests] [prefill] [prefill-portable]
+# [bench] [compile] (default: all; prefill runs the prefill suite on the loader's backend choice,
+# sm90 on Hopper, prefill-portable again on the portable kernels; bench measures both backends;
+# compile times one cold instance build of each family on this machine).
 #   bash benches/gpu_validate.sh dist/flashgen-*.whl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -13,7 +15,7 @@ OUT=${OUT:-/tmp/flashgen-gpu}
 mkdir -p "$OUT"
 WHEEL=${1:?usage: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench]}
 shift
-SECTIONS=${*:-build tests prefill bench compile}
+SECTIONS=${*:-build tests prefill prefill-portable bench compile}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 SITE=/tmp/flashgen-site
 rm -rf "$SITE"
@@ -58,21 +60,32 @@ if want prefill; then
   echo "pytest (prefill) rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_prefill.log" | tail -12
 fi
+if want prefill-portable; then
+  t0=$(date +%s)
+  FLASHGEN_TEST_BACKEND=portable timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/python/test_prefill_gpu.py > "$OUT/pytest_prefill_portable.log" 2>&1
+  echo "pytest (prefill, FLASHGEN_TEST_BACKEND=portable) rc=$? in $(( $(date +%s) - t0 )) s"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_prefill_portable.log" | tail -12
+fi
 
 if want bench; then
-  timeout 240 python3 benches/bench_prefill.py --json "$OUT/prefill.json" > "$OUT/bench_prefill.log" 2>&1
-  echo "bench_prefill rc=$?"; tail -22 "$OUT/bench_prefill.log"
+  for b in sm90 portable; do
+    timeout 240 python3 benches/bench_prefill.py --backend $b --json "$OUT/prefill_$b.json" \
+      > "$OUT/bench_prefill_$b.log" 2>&1
+    echo "bench_prefill --backend $b rc=$?"; tail -22 "$OUT/bench_prefill_$b.log"
+  done
   timeout 120 python3 benches/bench_loader.py startup overhead > "$OUT/bench_loader.log" 2>&1
   echo "bench_loader rc=$?"; tail -6 "$OUT/bench_loader.log"
 fi
 
 if want compile; then
-  for sel in "single_prefill --where mask=causal" "single_decode"; do
+  for sel in "single_prefill --where mask=causal --where backend=sm90" \
+             "single_prefill --where mask=causal --where backend=portable" "single_decode"; do
     rm -rf /tmp/flashgen-cold /tmp/flashgen-cold-out
     t0=$(date +%s%N)
     FLASHGEN_CACHE_DIR=/tmp/flashgen-cold "$BIN" --config "$SITE/flashgen/_src/variants.json" build \
       --out /tmp/flashgen-cold-out --arch 9.0a --quiet --module $sel --where dtype=bf16 \
       --where head_dim=128 --where pos_encoding=none --where variant=default
-    echo "cold build of one ${sel%% *} instance (sm_90a, this machine): rc=$? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    echo "cold build of one instance ($sel, sm_90a, this machine): rc=$? in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   done
 fi
