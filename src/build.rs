@@ -264,7 +264,15 @@ impl<'m> Builder<'m> {
                 object,
                 &self.launcher,
             ),
-            NvccCommand::link(&self.toolchain, &self.flags, object, output),
+            // The link runs beside the object, in the compile's private folder (or where the
+            // caller put the object), through that folder's symlink to the toolchain.
+            NvccCommand::link(
+                &self.toolchain,
+                &self.flags,
+                object,
+                output,
+                object.parent().unwrap_or(Path::new(".")),
+            ),
         ]
     }
 
