@@ -20,12 +20,20 @@
 //!   libstdc++ at all. (g++'s own `libstdc++.a` is no substitute: it is built against the
 //!   system's glibc and needs its newer symbols, `__libc_single_threaded` for one.)
 //!
+//! - on a link, an object flashgen compiles once per cache from [`DSO_FINI_SOURCE`]: it defines
+//!   `__dso_handle` and calls `__cxa_finalize` when the `.so` is unloaded, as GCC's `crtbeginS.o`
+//!   does for a g++ link. zig links no `crtbegin`: its linker (LLD) then makes `__dso_handle` the
+//!   address of the ELF header, so glibc's `atexit` stub (which passes `__dso_handle`'s value,
+//!   the header's first 8 bytes) registers cudart's exit handlers under a handle no
+//!   `__cxa_finalize` ever names, and nothing finalizes them on `dlclose`; the process then
+//!   crashed at exit, calling into the unmapped `.so`.
+//!
 //! zig 0.13's linker refuses `--build-id=none`; it writes no build ID unless asked, so the flag
 //! is dropped from the link ([`crate::compile::output_flags`]) and the bytes stay reproducible.
 //!
 //! What keys the cache: the target glibc, `zig version`, zig's clang version line, the g++
-//! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags),
-//! never a path.
+//! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags) and
+//! of [`DSO_FINI_SOURCE`], never a path.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,6 +54,19 @@ pub const ZIG_ENV: &str = "FLASHGEN_ZIG";
 
 /// The zig release the wrapper is written for (`ziglang==0.13.0` on PyPI).
 pub const ZIG_RELEASE: &str = "0.13.";
+
+/// Compiled once per cache and linked into every zig-built `.so`: what `crtbeginS.o` gives a g++
+/// link (see the module doc). Priority 101 puts the call last among the `.so`'s destructors, where
+/// crtbegin's is.
+const DSO_FINI_SOURCE: &str = r#"// Linked into every .so that flashgen builds with zig (see src/manylinux.rs).
+extern "C" {
+__attribute__((visibility("hidden"))) void* __dso_handle = &__dso_handle;
+void __cxa_finalize(void*) __attribute__((weak));
+}
+__attribute__((destructor(101))) static void flashgen_dso_fini() {
+  if (__cxa_finalize) __cxa_finalize(__dso_handle);
+}
+"#;
 
 /// A target glibc, `2.N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -109,13 +130,14 @@ const WRAPPER_TEMPLATE: &str = r#"#!/bin/sh
 # zig c++ links against glibc @GLIBC@'s symbol versions; GNU libstdc++'s headers replace zig's
 # libc++ so the objects match a g++ build. A link (no -c, -E, -S, -M) keeps every section (zig's
 # linker would drop nvcc's device-link cubins) and takes the C++ ABI runtime from zig's static
-# libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++.
+# libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++; and
+# links the object that finalizes the .so's exit handlers on dlclose (crtbeginS.o's part).
 link=1
 for a in "$@"; do
   case "$a" in -c|-E|-S|-M|-MM) link=0 ;; esac
 done
 if [ "$link" = 1 ]; then
-  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" -Wl,--no-gc-sections -nostdlib++ -lstdc++
+  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" @FINI@ -Wl,--no-gc-sections -nostdlib++ -lstdc++
 fi
 exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@"
 "#;
@@ -164,6 +186,14 @@ impl ZigHost {
             ))
             .into());
         }
+        // The wrapper and its object are executed and linked, so they live only in the
+        // private, verified cache.
+        let dir = cache_dir
+            .ok_or_else(|| {
+                anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
+            })?
+            .join("toolchain");
+        let fini = dso_fini_object(&zig, &probe, target, &dir)?;
         let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
         let includes: Vec<String> = probe
             .includes
@@ -175,13 +205,8 @@ impl ZigHost {
             .replace("@GLIBC@", &format!("{}.{}", target.major, target.minor))
             .replace("@TARGET@", &target.zig_target())
             .replace("@ZIG@", &quote(&zig))
-            .replace("@INCLUDES@", &includes.join(" "));
-        // The wrapper is executed, so it lives only in the private, verified cache.
-        let dir = cache_dir
-            .ok_or_else(|| {
-                anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
-            })?
-            .join("toolchain");
+            .replace("@INCLUDES@", &includes.join(" "))
+            .replace("@FINI@", &quote(&fini));
         let wrapper = dir.join(format!(
             "zig-cxx-{}",
             &fsutil::sha256_bytes(text.as_bytes())[..16]
@@ -193,7 +218,7 @@ impl ZigHost {
             target.zig_target(),
             probe.clang_version,
             probe.gxx_version,
-            &fsutil::sha256_bytes(WRAPPER_TEMPLATE.as_bytes())[..16],
+            &fsutil::sha256_bytes(format!("{WRAPPER_TEMPLATE}{DSO_FINI_SOURCE}").as_bytes())[..16],
         );
         Ok(ZigHost {
             wrapper,
@@ -202,6 +227,41 @@ impl ZigHost {
             found_by,
         })
     }
+}
+
+/// `dir/zig-dso-fini-<hash>.o`, compiled from [`DSO_FINI_SOURCE`] by this zig for `target`
+/// unless it is there (named by the source, the compiler and the target; written by rename).
+fn dso_fini_object(zig: &Path, probe: &Probe, target: Glibc, dir: &Path) -> Result<PathBuf> {
+    let flags = ["-c", "-O2", "-fPIC"];
+    let name = format!(
+        "zig-dso-fini-{}",
+        &fsutil::sha256_bytes(
+            format!(
+                "{DSO_FINI_SOURCE}\n{}\n{}\n{}\n{}",
+                probe.zig_version,
+                probe.clang_version,
+                target.zig_target(),
+                flags.join(" ")
+            )
+            .as_bytes()
+        )[..16]
+    );
+    let object = dir.join(format!("{name}.o"));
+    if object.is_file() {
+        return Ok(object);
+    }
+    let source = format!("{name}.cpp");
+    fsutil::write_if_changed(&dir.join(&source), DSO_FINI_SOURCE.as_bytes())?;
+    // Relative names, run in `dir`: no path of this machine goes into the object.
+    let tmp = format!("{name}.{}.tmp.o", std::process::id());
+    run(Command::new(zig)
+        .current_dir(dir)
+        .args(["c++", "-target", &target.zig_target()])
+        .args(flags)
+        .args([source.as_str(), "-o", tmp.as_str()]))?;
+    std::fs::rename(dir.join(&tmp), &object)
+        .with_context(|| format!("cannot write {}", object.display()))?;
+    Ok(object)
 }
 
 /// Writes the wrapper unless the same bytes are there, mode 0755. The name is the content's

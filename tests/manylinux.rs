@@ -127,14 +127,36 @@ fn manylinux_2_17_instance_needs_glibc_2_17_loads_and_keeps_the_device_code() {
     unsafe {
         let lib = libloading::Library::new(&zso).unwrap_or_else(|e| panic!("{e}"));
         lib.get::<unsafe extern "C" fn()>(b"toy_query\0").unwrap();
-        // Never unloaded, as the Python loader never unloads: dlclose of a zig-linked .so
-        // crashes (DEVELOPERS.md, "manylinux").
-        std::mem::forget(lib);
+        std::mem::forget(lib); // unloaded in a process of its own, below
     }
+    dlopen_dlclose_and_exit(&zso);
 
     // The device code is nvcc's alone: uncompressed, the fatbins (cubins and nvlink's option
     // string) are byte-identical to the g++ build's.
     assert_eq!(section(&zso, ".nv_fatbin"), section(&gso, ".nv_fatbin"));
+}
+
+/// Loads and unloads `so` three times in a process of its own, which must then exit cleanly.
+/// Regression: zig linked no crtbegin, so nothing finalized the exit handlers that cudart's
+/// static init registers; after dlclose the process crashed at exit, calling into the unmapped
+/// `.so` (SIGSEGV).
+fn dlopen_dlclose_and_exit(so: &Path) {
+    let code = "import ctypes, _ctypes, sys\n\
+                for _ in range(3):\n    \
+                    _ctypes.dlclose(ctypes.CDLL(sys.argv[1])._handle)\n\
+                print('unloaded')\n";
+    let o = std::process::Command::new("python3")
+        .args(["-c", code])
+        .arg(so)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("unloaded"),
+        "dlopen/dlclose of {}: {} {}",
+        so.display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
