@@ -592,11 +592,12 @@ impl<'m> Builder<'m> {
     pub fn manifest(&self, built: &[Built]) -> Manifest {
         Manifest {
             flashgen_version: env!("CARGO_PKG_VERSION").into(),
-            toolchain: ToolchainRow {
+            toolchain: Some(ToolchainRow {
                 nvcc: self.toolchain.nvcc.clone(),
                 nvcc_version: self.toolchain.nvcc_version.clone(),
                 host_compiler: self.toolchain.host_compiler.clone(),
-            },
+            }),
+            manylinux: self.toolchain.manylinux.map(|g| g.spelling()),
             archs: self.archs.iter().flat_map(Arch::targets).collect(),
             runs_on: crate::arch::runs_on_all(&self.archs),
             instances: built.iter().map(|b| self.built_row(b, false)).collect(),

@@ -34,6 +34,10 @@
 //! What keys the cache: the target glibc, `zig version`, zig's clang version line, the g++
 //! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags) and
 //! of [`DSO_FINI_SOURCE`], never a path.
+//!
+//! A wheel built this way records its target in its manifest (`"manylinux": "2_17"`) and
+//! requires [`ZIG_REQUIREMENT`], so the loader's JIT builds missing instances with the same
+//! compiler and target, finding zig beside the installed flashgen package.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,6 +58,10 @@ pub const ZIG_ENV: &str = "FLASHGEN_ZIG";
 
 /// The zig release the wrapper is written for (`ziglang==0.13.0` on PyPI).
 pub const ZIG_RELEASE: &str = "0.13.";
+
+/// The requirement a wheel built for a glibc target declares (`Requires-Dist`), so that its JIT
+/// finds the same compiler; `ci/requirements-cuda.txt` pins the same (a test checks it).
+pub const ZIG_REQUIREMENT: &str = "ziglang==0.13.0";
 
 /// Compiled once per cache and linked into every zig-built `.so`: what `crtbeginS.o` gives a g++
 /// link (see the module doc). Priority 101 puts the call last among the `.so`'s destructors, where
@@ -91,20 +99,30 @@ impl Glibc {
             _ => Err(UsageError::new(format!(
                 "{from} {text:?}: not a glibc target flashgen can build for"
             ))
-            .with_hint("give a manylinux glibc version of 2.17 or newer, e.g. --manylinux 2_17")
+            .with_hint(
+                "give a manylinux glibc version of 2.17 or newer, e.g. --manylinux 2_17, or `off` for the system's g++",
+            )
             .into()),
         }
     }
 
-    /// `--manylinux`, else [`MANYLINUX_ENV`] when set and not empty; None builds with g++.
+    /// `--manylinux`, else [`MANYLINUX_ENV`] when set and not empty; None (also for `off`)
+    /// builds with g++.
     pub fn resolve(cli: Option<&str>) -> Result<Option<Glibc>> {
-        if let Some(t) = cli {
-            return Glibc::parse(t, "--manylinux").map(Some);
+        let (text, from) = match (cli, std::env::var(MANYLINUX_ENV)) {
+            (Some(t), _) => (t.to_string(), "--manylinux"),
+            (None, Ok(t)) if !t.trim().is_empty() => (t, MANYLINUX_ENV),
+            _ => return Ok(None),
+        };
+        if text.trim() == "off" {
+            return Ok(None);
         }
-        match std::env::var(MANYLINUX_ENV) {
-            Ok(t) if !t.trim().is_empty() => Glibc::parse(&t, MANYLINUX_ENV).map(Some),
-            _ => Ok(None),
-        }
+        Glibc::parse(&text, from).map(Some)
+    }
+
+    /// `2_17`, as `--manylinux` and the manifest spell it.
+    pub fn spelling(&self) -> String {
+        format!("{}_{}", self.major, self.minor)
     }
 
     /// `manylinux_2_17`, the wheel tag's prefix.
@@ -289,6 +307,24 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
             Err(UsageError::new(format!("{ZIG_ENV}={} is not a file", p.display())).into())
         };
     }
+    // An installed wheel: <site>/flashgen/_bin/flashgen, and the wheel's ziglang requirement
+    // installed beside it (also with pip install --target).
+    if let Some(site) = std::env::current_exe()
+        .ok()
+        .filter(|exe| exe.parent().is_some_and(|b| b.ends_with("flashgen/_bin")))
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+    {
+        let p = site.join("ziglang/zig");
+        if p.is_file() {
+            return Ok((
+                p,
+                format!(
+                    "python package ziglang beside flashgen in {}",
+                    site.display()
+                ),
+            ));
+        }
+    }
     let nvcc = std::fs::canonicalize(nvcc).unwrap_or_else(|_| nvcc.to_path_buf());
     // <site>/nvidia/cu13/bin/nvcc: the site-packages folder is four levels up.
     if let Some(site) = nvcc.ancestors().nth(4) {
@@ -309,10 +345,12 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
     if let Ok(p) = which::which("zig") {
         return Ok((p, "PATH".into()));
     }
-    Err(UsageError::new(
-        "--manylinux needs zig as nvcc's host compiler, and none was found (looked at FLASHGEN_ZIG, the ziglang package beside nvcc and in the active Python environment, PATH)",
-    )
-    .with_hint("pip install ziglang==0.13.0 (ci/setup.sh installs it into .venv)")
+    Err(UsageError::new(format!(
+        "--manylinux (or {MANYLINUX_ENV}, or the installed wheel's manifest) builds with zig 0.13 as nvcc's host compiler, and none was found (looked at {ZIG_ENV}, the ziglang package beside the flashgen package, beside nvcc and in the Python environment, then PATH)",
+    ))
+    .with_hint(format!(
+        "pip install {ZIG_REQUIREMENT} (a wheel built for manylinux requires it; ci/setup.sh installs it into .venv), or point {ZIG_ENV} at a zig 0.13; {MANYLINUX_ENV}=off builds with the system's g++ instead, whose bytes differ from a zig-built wheel's"
+    ))
     .into())
 }
 
@@ -407,6 +445,24 @@ fn run(cmd: &mut Command) -> Result<std::process::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wheels_zig_requirement_is_the_pin_ci_installs() {
+        let pins = include_str!("../ci/requirements-cuda.txt");
+        assert!(
+            pins.lines().any(|l| l.trim() == ZIG_REQUIREMENT),
+            "ci/requirements-cuda.txt does not pin {ZIG_REQUIREMENT}"
+        );
+    }
+
+    #[test]
+    fn off_means_the_system_gxx() {
+        assert_eq!(Glibc::resolve(Some("off")).unwrap(), None);
+        assert_eq!(
+            Glibc::resolve(Some("2_17")).unwrap().unwrap().spelling(),
+            "2_17"
+        );
+    }
 
     #[test]
     fn glibc_targets_parse_in_every_spelling() {

@@ -49,7 +49,12 @@ pub struct ToolchainRow {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
     pub flashgen_version: String,
-    pub toolchain: ToolchainRow,
+    /// What built the instances (None in a JIT-only wheel).
+    pub toolchain: Option<ToolchainRow>,
+    /// The glibc target the host code was built for (`2_17`: through zig, see `manylinux.rs`),
+    /// None for the system's g++. The loader's JIT builds missing instances the same way.
+    #[serde(default)]
+    pub manylinux: Option<String>,
     /// The targets the binaries hold (`sm_90a`, `compute_90`).
     pub archs: Vec<String>,
     /// Which compute capabilities those targets run on: the loader's only arch knowledge.

@@ -160,6 +160,48 @@ fn dlopen_dlclose_and_exit(so: &Path) {
 }
 
 #[test]
+fn a_missing_zig_is_a_clear_error() {
+    let Some((t, _)) = setup() else { return };
+    // An nvcc with no ziglang beside it, no Python environment, no zig on PATH.
+    let fake = t.path("bin/nvcc");
+    std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut args = vec!["jit", "--device-cc", "9.0", "--module", "toy"];
+    let w = wheres(INSTANCE);
+    args.extend(w.iter().map(String::as_str));
+    for how in [&["--manylinux", "2_17"][..], &[]] {
+        let o = t
+            .cmd()
+            .env("FLASHGEN_NVCC", &fake)
+            .env("FLASHGEN_MANYLINUX", "2_17")
+            .env("FLASHGEN_PYTHON", t.path("no/python3"))
+            .env("PATH", "/usr/bin:/bin")
+            .env_remove("FLASHGEN_ZIG")
+            .env_remove("VIRTUAL_ENV")
+            .env_remove("CONDA_PREFIX")
+            .args(&args)
+            .args(how)
+            .output()
+            .unwrap();
+        assert_usage_error(
+            &o,
+            &[
+                "zig 0.13",
+                "none was found",
+                "pip install ziglang==0.13.0",
+                "FLASHGEN_MANYLINUX=off",
+            ],
+        );
+    }
+}
+
+#[test]
 fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
     let Some((t, zig)) = setup() else { return };
     std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
@@ -203,6 +245,26 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         wheel.ends_with("-py3-none-manylinux_2_17_x86_64.whl"),
         "{wheel}"
     );
+    // It requires the zig its JIT builds with, and its manifest says for which glibc.
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap()).unwrap();
+    let read = |zip: &mut zip::ZipArchive<std::fs::File>, suffix: &str| {
+        let name = zip
+            .file_names()
+            .find(|n| n.ends_with(suffix))
+            .unwrap()
+            .to_string();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut zip.by_name(&name).unwrap(), &mut text).unwrap();
+        text
+    };
+    let metadata = read(&mut zip, ".dist-info/METADATA");
+    assert!(
+        metadata.contains("\nRequires-Dist: ziglang==0.13.0\n"),
+        "{metadata}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&read(&mut zip, "_aot/manifest.json")).unwrap();
+    assert_eq!(manifest["manylinux"], "2_17");
 
     // The test's own binary is dynamic and built on this glibc: refused, not tagged higher.
     // (Skipped where this machine's glibc is itself 2.17.)
