@@ -4,10 +4,11 @@
 # the wheel's own flashgen binary (the JIT's code path), runs the GPU tests (kernels against a
 # PyTorch fp32 reference; the public API: precompiled, JIT, custom variant, cupy; prefill through
 # the API, whose instances the test compiles through the loader) and the benchmarks. Logs go to
-# $OUT. Sections can be chosen: gpu_validate.sh WHEEL [build] [tests] [prefill] [prefill-portable]
-# [bench] [compile] (default: all; prefill runs the prefill suite on the loader's backend choice,
-# sm90 on Hopper, prefill-portable again on the portable kernels; bench measures both backends;
-# compile times one cold instance build of each family on this machine).
+# $OUT (ZIGLANG: see the install below). Sections can be chosen: gpu_validate.sh WHEEL [build]
+# [tests] [prefill] [prefill-portable] [bench] [compile] (default: all; prefill runs the prefill
+# suite on the loader's backend choice, sm90 on Hopper, prefill-portable again on the portable
+# kernels; bench measures both backends; compile times one cold instance build of each family on
+# this machine).
 #   bash benches/gpu_validate.sh dist/flashgen-*.whl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -20,6 +21,13 @@ want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 SITE=/tmp/flashgen-site
 rm -rf "$SITE"
 python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
+# A manylinux wheel (./ci/build-wheel.sh's default) requires ziglang: its JIT builds with zig.
+# ZIGLANG names the ziglang wheel, or a .tar.xz of its ziglang/ folder, to install beside it.
+case "${ZIGLANG:-}" in
+  "") ;;
+  *.whl) python3 -m pip install -q --no-index --no-deps --target "$SITE" "$ZIGLANG" || exit 1 ;;
+  *) tar -C "$SITE" -xJf "$ZIGLANG" || exit 1 ;;
+esac
 export PYTHONPATH="$SITE" FLASHGEN_CACHE_DIR=/tmp/flashgen-cache FLASHGEN_TEST_CACHE_DIR=/tmp/flashgen-cache
 BIN="$SITE/flashgen/_bin/flashgen"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader

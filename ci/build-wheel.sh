@@ -3,14 +3,17 @@
 # `flashgen build-wheel` (the precompiled subset of variants.json, or the filters given as
 # arguments) into dist/.
 #
-# FLASHGEN_MANYLINUX=2_17 builds a wheel for glibc 2.17 and newer: the instances through zig
-# (`--manylinux`, the pinned PyPI ziglang), and a static binary that needs no glibc. RUSTFLAGS
-# only reaches the binary because of the explicit --target: build scripts and proc macros, built
-# for the host, stay dynamic.
+# By default the wheel is for glibc 2.17 and newer (manylinux_2_17): the instances are built
+# through zig (`--manylinux 2_17`, the pinned PyPI ziglang that ci/setup.sh installs), and the
+# binary is static, needing no glibc. RUSTFLAGS only reaches the binary because of the explicit
+# --target: build scripts and proc macros, built for the host, stay dynamic.
+# FLASHGEN_MANYLINUX=2_N picks another glibc; FLASHGEN_MANYLINUX=off builds with the system's g++
+# (a wheel tagged for this machine's glibc).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . ci/setup.sh
-if [ -n "${FLASHGEN_MANYLINUX:-}" ]; then
+export FLASHGEN_MANYLINUX="${FLASHGEN_MANYLINUX:-2_17}"
+if [ "$FLASHGEN_MANYLINUX" != off ]; then
   target="$(uname -m)-unknown-linux-gnu"
   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --quiet --target "$target"
   exec "target/$target/release/flashgen" build-wheel --manylinux "$FLASHGEN_MANYLINUX" --out dist "$@"

@@ -306,7 +306,15 @@ impl<'m> Builder<'m> {
         };
         [
             NvccCommand::compile(&self.toolchain, &p.flags, &inputs, object, &self.launcher),
-            NvccCommand::link(&self.toolchain, &p.flags, object, output),
+            // The link runs beside the object, in the compile's private folder (or where the
+            // caller put the object), through that folder's symlink to the toolchain.
+            NvccCommand::link(
+                &self.toolchain,
+                &p.flags,
+                object,
+                output,
+                object.parent().unwrap_or(Path::new(".")),
+            ),
         ]
     }
 
@@ -628,11 +636,12 @@ impl<'m> Builder<'m> {
     pub fn manifest(&self, built: &[Built]) -> Manifest {
         Manifest {
             flashgen_version: env!("CARGO_PKG_VERSION").into(),
-            toolchain: ToolchainRow {
+            toolchain: Some(ToolchainRow {
                 nvcc: self.toolchain.nvcc.clone(),
                 nvcc_version: self.toolchain.nvcc_version.clone(),
                 host_compiler: self.toolchain.host_compiler.clone(),
-            },
+            }),
+            manylinux: self.toolchain.manylinux.map(|g| g.spelling()),
             archs: self.archs.iter().flat_map(Arch::targets).collect(),
             runs_on: crate::arch::runs_on_all(&self.archs),
             instances: built.iter().map(|b| self.built_row(b, false)).collect(),

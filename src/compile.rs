@@ -6,7 +6,14 @@
 //! `-Xfatbin`, `-O2`, ...: nvcc's device link embeds them); only `-I`, the source and `-c` are
 //! compile-only. The split is what lets a compiler cache (sccache) cache the compile: it caches
 //! `-c` steps only. A launcher (`--launcher`, `FLASHGEN_NVCC_LAUNCHER`) goes in front of the
-//! compile alone; the link is cheap and embeds the toolchain's path (see DEVELOPERS.md).
+//! compile alone; the link is cheap, and always runs here.
+//!
+//! The link runs nvcc through a fixed relative layout: in its working folder a symlink
+//! [`TOOLCHAIN_LINK`] points at the toolchain's root, and nvcc is started as
+//! `.cuda/bin/nvcc ... -L.cuda/lib`. nvcc takes its own folder from how it was started, and its
+//! device link (nvlink) records the library search path in the fatbin, so started by an absolute
+//! path the `.so` would hold the toolchain's install path; this way it holds `.cuda/...`, and
+//! the same toolchain at any path gives the same bytes (see DEVELOPERS.md).
 //!
 //! The compile runs in the folder that holds the generated header as `<uri>/flashgen_instance.cuh`
 //! and names it with a relative `-I<uri>`, so the preprocessed input names no output folder and a
@@ -45,6 +52,10 @@ const FIXED_FLAGS: &[&str] = &[
 ];
 
 pub const FATBIN_COMPRESSION: &str = "-Xfatbin=-compress-all";
+
+/// The name, in the link step's working folder, of the symlink to the toolchain's root; it ends
+/// up in every `.so` (nvlink's option string), so changing it changes every output.
+pub const TOOLCHAIN_LINK: &str = ".cuda";
 
 /// The environment variable naming the compile launcher when `--launcher` is not given.
 pub const LAUNCHER_ENV: &str = "FLASHGEN_NVCC_LAUNCHER";
@@ -216,6 +227,9 @@ pub struct NvccCommand {
     pub args: Vec<String>,
     /// The folder nvcc runs in; relative `-I` folders and paths are relative to it.
     pub cwd: Option<PathBuf>,
+    /// The toolchain root that [`TOOLCHAIN_LINK`] in `cwd` must point at (the link step, when the
+    /// toolchain's root is known): `program` is relative to `cwd` through it.
+    pub toolchain_root: Option<PathBuf>,
 }
 
 /// What the compile step needs to know about one instance.
@@ -257,24 +271,45 @@ impl NvccCommand {
             program: tc.nvcc.clone(),
             args,
             cwd: Some(inputs.cwd.to_path_buf()),
+            toolchain_root: None,
         }
     }
 
     /// `nvcc -shared`: every flag (the device link needs the compile's too for the same bytes),
-    /// the toolchain's library folders, `object` in and `output` out. Never launched: it embeds
-    /// the toolchain's path, and a compiler cache would not cache it anyway.
-    pub fn link(tc: &Toolchain, flags: &[String], object: &Path, output: &Path) -> Self {
+    /// the toolchain's library folders, `object` in and `output` out, run in `cwd`. Never
+    /// launched: a compiler cache would not cache it anyway. With a known toolchain root, nvcc
+    /// and the library folders are named through [`TOOLCHAIN_LINK`] in `cwd` (see the module
+    /// doc); [`NvccCommand::run`] makes that symlink, `flashgen generate` writes it beside
+    /// `build.ninja`.
+    pub fn link(
+        tc: &Toolchain,
+        flags: &[String],
+        object: &Path,
+        output: &Path,
+        cwd: &Path,
+    ) -> Self {
         let mut args: Vec<String> = ccbin(tc);
         args.extend(flags.iter().cloned());
-        args.extend(tc.lib_dirs.iter().map(|d| format!("-L{}", d.display())));
+        let (program, toolchain_root) = match tc.relative_layout() {
+            Some((root, nvcc, libs)) => {
+                let link = Path::new(TOOLCHAIN_LINK);
+                args.extend(libs.iter().map(|d| format!("-L{}", link.join(d).display())));
+                (link.join(nvcc), Some(root))
+            }
+            None => {
+                args.extend(tc.lib_dirs.iter().map(|d| format!("-L{}", d.display())));
+                (tc.nvcc.clone(), None)
+            }
+        };
         args.push(object.display().to_string());
         args.push("-o".into());
         args.push(output.display().to_string());
         NvccCommand {
             launcher: Vec::new(),
-            program: tc.nvcc.clone(),
+            program,
             args,
-            cwd: None,
+            cwd: Some(cwd.to_path_buf()),
+            toolchain_root,
         }
     }
 
@@ -285,6 +320,13 @@ impl NvccCommand {
             .map(|a| shell_quote(&a))
             .collect::<Vec<_>>()
             .join(" ");
+        let line = match &self.toolchain_root {
+            Some(root) => format!(
+                "ln -sfn {} {TOOLCHAIN_LINK} && {line}",
+                shell_quote(&root.display().to_string())
+            ),
+            None => line,
+        };
         match &self.cwd {
             Some(d) => format!("cd {} && {line}", shell_quote(&d.display().to_string())),
             None => line,
@@ -307,6 +349,10 @@ impl NvccCommand {
     /// removes); on failure returns its status text and output.
     pub fn run(&self, tmpdir: &Path) -> Result<Duration, (String, String)> {
         let start = Instant::now();
+        if let (Some(root), Some(cwd)) = (&self.toolchain_root, &self.cwd) {
+            link_toolchain(cwd, root)
+                .map_err(|e| (format!("could not start: {e:#}"), String::new()))?;
+        }
         let exe = std::env::current_exe().map_err(|e| {
             (
                 format!("could not start: cannot locate flashgen: {e}"),
@@ -342,6 +388,27 @@ impl NvccCommand {
             Err(e) => Err((format!("could not wait for nvcc: {e}"), String::new())),
         }
     }
+}
+
+/// Makes `dir/`[`TOOLCHAIN_LINK`] a symlink to `root`, unless it already is one.
+pub fn link_toolchain(dir: &Path, root: &Path) -> Result<()> {
+    use anyhow::Context;
+    let link = dir.join(TOOLCHAIN_LINK);
+    if std::fs::read_link(&link).is_ok_and(|t| t == root) {
+        return Ok(());
+    }
+    // A symlink is replaced by rename, so a concurrent reader sees the old link or the new one.
+    let tmp = dir.join(format!("{TOOLCHAIN_LINK}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(root, &tmp)
+        .and_then(|()| std::fs::rename(&tmp, &link))
+        .with_context(|| {
+            format!(
+                "cannot link {} to the toolchain {}",
+                link.display(),
+                root.display()
+            )
+        })
 }
 
 /// `-ccbin` when `NVCC_CCBIN` names the host compiler (nvcc reads the variable itself, but the

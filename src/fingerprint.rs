@@ -15,8 +15,10 @@ use sha2::{Digest, Sha256};
 
 use crate::codegen::HEADER_NAME;
 
-/// Bumped whenever the meaning of a key changes.
-const KEY_FORMAT: &str = "flashgen-cache-key-v1";
+/// Bumped whenever the meaning of a key changes, or the bytes its inputs build: v2 when the link
+/// started to run nvcc through the relative `.cuda` symlink (a v1 object records the toolchain's
+/// absolute path, which no v2 build gives).
+const KEY_FORMAT: &str = "flashgen-cache-key-v2";
 
 struct FileInfo {
     sha: String,

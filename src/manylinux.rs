@@ -20,12 +20,24 @@
 //!   libstdc++ at all. (g++'s own `libstdc++.a` is no substitute: it is built against the
 //!   system's glibc and needs its newer symbols, `__libc_single_threaded` for one.)
 //!
+//! - on a link, an object flashgen compiles once per cache from [`DSO_FINI_SOURCE`]: it defines
+//!   `__dso_handle` and calls `__cxa_finalize` when the `.so` is unloaded, as GCC's `crtbeginS.o`
+//!   does for a g++ link. zig links no `crtbegin`: its linker (LLD) then makes `__dso_handle` the
+//!   address of the ELF header, so glibc's `atexit` stub (which passes `__dso_handle`'s value,
+//!   the header's first 8 bytes) registers cudart's exit handlers under a handle no
+//!   `__cxa_finalize` ever names, and nothing finalizes them on `dlclose`; the process then
+//!   crashed at exit, calling into the unmapped `.so`.
+//!
 //! zig 0.13's linker refuses `--build-id=none`; it writes no build ID unless asked, so the flag
 //! is dropped from the link ([`crate::compile::output_flags`]) and the bytes stay reproducible.
 //!
 //! What keys the cache: the target glibc, `zig version`, zig's clang version line, the g++
-//! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags),
-//! never a path.
+//! version line (its libstdc++ headers), and the hash of the wrapper's template (its flags) and
+//! of [`DSO_FINI_SOURCE`], never a path.
+//!
+//! A wheel built this way records its target in its manifest (`"manylinux": "2_17"`) and
+//! requires [`ZIG_REQUIREMENT`], so the loader's JIT builds missing instances with the same
+//! compiler and target, finding zig beside the installed flashgen package.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,6 +58,23 @@ pub const ZIG_ENV: &str = "FLASHGEN_ZIG";
 
 /// The zig release the wrapper is written for (`ziglang==0.13.0` on PyPI).
 pub const ZIG_RELEASE: &str = "0.13.";
+
+/// The requirement a wheel built for a glibc target declares (`Requires-Dist`), so that its JIT
+/// finds the same compiler; `ci/requirements-cuda.txt` pins the same (a test checks it).
+pub const ZIG_REQUIREMENT: &str = "ziglang==0.13.0";
+
+/// Compiled once per cache and linked into every zig-built `.so`: what `crtbeginS.o` gives a g++
+/// link (see the module doc). Priority 101 puts the call last among the `.so`'s destructors, where
+/// crtbegin's is.
+const DSO_FINI_SOURCE: &str = r#"// Linked into every .so that flashgen builds with zig (see src/manylinux.rs).
+extern "C" {
+__attribute__((visibility("hidden"))) void* __dso_handle = &__dso_handle;
+void __cxa_finalize(void*) __attribute__((weak));
+}
+__attribute__((destructor(101))) static void flashgen_dso_fini() {
+  if (__cxa_finalize) __cxa_finalize(__dso_handle);
+}
+"#;
 
 /// A target glibc, `2.N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -70,20 +99,30 @@ impl Glibc {
             _ => Err(UsageError::new(format!(
                 "{from} {text:?}: not a glibc target flashgen can build for"
             ))
-            .with_hint("give a manylinux glibc version of 2.17 or newer, e.g. --manylinux 2_17")
+            .with_hint(
+                "give a manylinux glibc version of 2.17 or newer, e.g. --manylinux 2_17, or `off` for the system's g++",
+            )
             .into()),
         }
     }
 
-    /// `--manylinux`, else [`MANYLINUX_ENV`] when set and not empty; None builds with g++.
+    /// `--manylinux`, else [`MANYLINUX_ENV`] when set and not empty; None (also for `off`)
+    /// builds with g++.
     pub fn resolve(cli: Option<&str>) -> Result<Option<Glibc>> {
-        if let Some(t) = cli {
-            return Glibc::parse(t, "--manylinux").map(Some);
+        let (text, from) = match (cli, std::env::var(MANYLINUX_ENV)) {
+            (Some(t), _) => (t.to_string(), "--manylinux"),
+            (None, Ok(t)) if !t.trim().is_empty() => (t, MANYLINUX_ENV),
+            _ => return Ok(None),
+        };
+        if text.trim() == "off" {
+            return Ok(None);
         }
-        match std::env::var(MANYLINUX_ENV) {
-            Ok(t) if !t.trim().is_empty() => Glibc::parse(&t, MANYLINUX_ENV).map(Some),
-            _ => Ok(None),
-        }
+        Glibc::parse(&text, from).map(Some)
+    }
+
+    /// `2_17`, as `--manylinux` and the manifest spell it.
+    pub fn spelling(&self) -> String {
+        format!("{}_{}", self.major, self.minor)
     }
 
     /// `manylinux_2_17`, the wheel tag's prefix.
@@ -109,13 +148,14 @@ const WRAPPER_TEMPLATE: &str = r#"#!/bin/sh
 # zig c++ links against glibc @GLIBC@'s symbol versions; GNU libstdc++'s headers replace zig's
 # libc++ so the objects match a g++ build. A link (no -c, -E, -S, -M) keeps every section (zig's
 # linker would drop nvcc's device-link cubins) and takes the C++ ABI runtime from zig's static
-# libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++.
+# libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++; and
+# links the object that finalizes the .so's exit handlers on dlclose (crtbeginS.o's part).
 link=1
 for a in "$@"; do
   case "$a" in -c|-E|-S|-M|-MM) link=0 ;; esac
 done
 if [ "$link" = 1 ]; then
-  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" -Wl,--no-gc-sections -nostdlib++ -lstdc++
+  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" @FINI@ -Wl,--no-gc-sections -nostdlib++ -lstdc++
 fi
 exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@"
 "#;
@@ -164,6 +204,14 @@ impl ZigHost {
             ))
             .into());
         }
+        // The wrapper and its object are executed and linked, so they live only in the
+        // private, verified cache.
+        let dir = cache_dir
+            .ok_or_else(|| {
+                anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
+            })?
+            .join("toolchain");
+        let fini = dso_fini_object(&zig, &probe, target, &dir)?;
         let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
         let includes: Vec<String> = probe
             .includes
@@ -175,13 +223,8 @@ impl ZigHost {
             .replace("@GLIBC@", &format!("{}.{}", target.major, target.minor))
             .replace("@TARGET@", &target.zig_target())
             .replace("@ZIG@", &quote(&zig))
-            .replace("@INCLUDES@", &includes.join(" "));
-        // The wrapper is executed, so it lives only in the private, verified cache.
-        let dir = cache_dir
-            .ok_or_else(|| {
-                anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
-            })?
-            .join("toolchain");
+            .replace("@INCLUDES@", &includes.join(" "))
+            .replace("@FINI@", &quote(&fini));
         let wrapper = dir.join(format!(
             "zig-cxx-{}",
             &fsutil::sha256_bytes(text.as_bytes())[..16]
@@ -193,7 +236,7 @@ impl ZigHost {
             target.zig_target(),
             probe.clang_version,
             probe.gxx_version,
-            &fsutil::sha256_bytes(WRAPPER_TEMPLATE.as_bytes())[..16],
+            &fsutil::sha256_bytes(format!("{WRAPPER_TEMPLATE}{DSO_FINI_SOURCE}").as_bytes())[..16],
         );
         Ok(ZigHost {
             wrapper,
@@ -202,6 +245,41 @@ impl ZigHost {
             found_by,
         })
     }
+}
+
+/// `dir/zig-dso-fini-<hash>.o`, compiled from [`DSO_FINI_SOURCE`] by this zig for `target`
+/// unless it is there (named by the source, the compiler and the target; written by rename).
+fn dso_fini_object(zig: &Path, probe: &Probe, target: Glibc, dir: &Path) -> Result<PathBuf> {
+    let flags = ["-c", "-O2", "-fPIC"];
+    let name = format!(
+        "zig-dso-fini-{}",
+        &fsutil::sha256_bytes(
+            format!(
+                "{DSO_FINI_SOURCE}\n{}\n{}\n{}\n{}",
+                probe.zig_version,
+                probe.clang_version,
+                target.zig_target(),
+                flags.join(" ")
+            )
+            .as_bytes()
+        )[..16]
+    );
+    let object = dir.join(format!("{name}.o"));
+    if object.is_file() {
+        return Ok(object);
+    }
+    let source = format!("{name}.cpp");
+    fsutil::write_if_changed(&dir.join(&source), DSO_FINI_SOURCE.as_bytes())?;
+    // Relative names, run in `dir`: no path of this machine goes into the object.
+    let tmp = format!("{name}.{}.tmp.o", std::process::id());
+    run(Command::new(zig)
+        .current_dir(dir)
+        .args(["c++", "-target", &target.zig_target()])
+        .args(flags)
+        .args([source.as_str(), "-o", tmp.as_str()]))?;
+    std::fs::rename(dir.join(&tmp), &object)
+        .with_context(|| format!("cannot write {}", object.display()))?;
+    Ok(object)
 }
 
 /// Writes the wrapper unless the same bytes are there, mode 0755. The name is the content's
@@ -229,6 +307,24 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
             Err(UsageError::new(format!("{ZIG_ENV}={} is not a file", p.display())).into())
         };
     }
+    // An installed wheel: <site>/flashgen/_bin/flashgen, and the wheel's ziglang requirement
+    // installed beside it (also with pip install --target).
+    if let Some(site) = std::env::current_exe()
+        .ok()
+        .filter(|exe| exe.parent().is_some_and(|b| b.ends_with("flashgen/_bin")))
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+    {
+        let p = site.join("ziglang/zig");
+        if p.is_file() {
+            return Ok((
+                p,
+                format!(
+                    "python package ziglang beside flashgen in {}",
+                    site.display()
+                ),
+            ));
+        }
+    }
     let nvcc = std::fs::canonicalize(nvcc).unwrap_or_else(|_| nvcc.to_path_buf());
     // <site>/nvidia/cu13/bin/nvcc: the site-packages folder is four levels up.
     if let Some(site) = nvcc.ancestors().nth(4) {
@@ -249,10 +345,12 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
     if let Ok(p) = which::which("zig") {
         return Ok((p, "PATH".into()));
     }
-    Err(UsageError::new(
-        "--manylinux needs zig as nvcc's host compiler, and none was found (looked at FLASHGEN_ZIG, the ziglang package beside nvcc and in the active Python environment, PATH)",
-    )
-    .with_hint("pip install ziglang==0.13.0 (ci/setup.sh installs it into .venv)")
+    Err(UsageError::new(format!(
+        "--manylinux (or {MANYLINUX_ENV}, or the installed wheel's manifest) builds with zig 0.13 as nvcc's host compiler, and none was found (looked at {ZIG_ENV}, the ziglang package beside the flashgen package, beside nvcc and in the Python environment, then PATH)",
+    ))
+    .with_hint(format!(
+        "pip install {ZIG_REQUIREMENT} (a wheel built for manylinux requires it; ci/setup.sh installs it into .venv), or point {ZIG_ENV} at a zig 0.13; {MANYLINUX_ENV}=off builds with the system's g++ instead, whose bytes differ from a zig-built wheel's"
+    ))
     .into())
 }
 
@@ -347,6 +445,24 @@ fn run(cmd: &mut Command) -> Result<std::process::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wheels_zig_requirement_is_the_pin_ci_installs() {
+        let pins = include_str!("../ci/requirements-cuda.txt");
+        assert!(
+            pins.lines().any(|l| l.trim() == ZIG_REQUIREMENT),
+            "ci/requirements-cuda.txt does not pin {ZIG_REQUIREMENT}"
+        );
+    }
+
+    #[test]
+    fn off_means_the_system_gxx() {
+        assert_eq!(Glibc::resolve(Some("off")).unwrap(), None);
+        assert_eq!(
+            Glibc::resolve(Some("2_17")).unwrap().unwrap().spelling(),
+            "2_17"
+        );
+    }
 
     #[test]
     fn glibc_targets_parse_in_every_spelling() {

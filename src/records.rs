@@ -58,7 +58,12 @@ pub struct ToolchainRow {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
     pub flashgen_version: String,
-    pub toolchain: ToolchainRow,
+    /// What built the instances (None in a JIT-only wheel).
+    pub toolchain: Option<ToolchainRow>,
+    /// The glibc target the host code was built for (`2_17`: through zig, see `manylinux.rs`),
+    /// None for the system's g++. The loader's JIT builds missing instances the same way.
+    #[serde(default)]
+    pub manylinux: Option<String>,
     /// The targets of the build (`sm_90a`, `compute_90`); an instance with an arch limit holds
     /// those it allows (its row's `archs`).
     pub archs: Vec<String>,

@@ -32,6 +32,10 @@ pub struct Toolchain {
     pub host_compiler_found_by: String,
     /// `lib64`/`lib` beside `bin/nvcc`, passed with `-L` (the PyPI nvcc needs it to link).
     pub lib_dirs: Vec<PathBuf>,
+    /// The folder above nvcc's own (`<root>/bin/nvcc`), absolute; the link step reaches nvcc and
+    /// `lib_dirs` through a symlink to it (`compile::TOOLCHAIN_LINK`). None for the placeholder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<PathBuf>,
     /// `NVCC_PREPEND_FLAGS=...` / `NVCC_APPEND_FLAGS=...` lines for those that are set: nvcc
     /// adds them to every command it runs, so they change the output and key the cache.
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -76,9 +80,24 @@ impl Toolchain {
                 .map_or_else(|| PathBuf::from("g++"), PathBuf::from),
             host_compiler_found_by: "placeholder".into(),
             lib_dirs: Vec::new(),
+            root: None,
             nvcc_env_flags: nvcc_env_flags(),
             manylinux: None,
         }
+    }
+
+    /// The toolchain's root, and nvcc and `lib_dirs` relative to it: what the link step names
+    /// through its symlink to the root. None when there is no root to link to.
+    pub fn relative_layout(&self) -> Option<(PathBuf, PathBuf, Vec<PathBuf>)> {
+        let root = self.root.as_ref()?;
+        let nvcc = self.nvcc.strip_prefix(root).ok()?.to_path_buf();
+        let libs = self
+            .lib_dirs
+            .iter()
+            .map(|d| d.strip_prefix(root).map(Path::to_path_buf))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()?;
+        Some((root.clone(), nvcc, libs))
     }
 
     /// `cache_dir` holds the version memo; without one (an unusable cache) versions are asked.
@@ -104,6 +123,7 @@ impl Toolchain {
             .unwrap_or("unknown")
             .trim()
             .to_string();
+        let nvcc = std::path::absolute(&nvcc).unwrap_or(nvcc);
         let root = nvcc
             .parent()
             .and_then(Path::parent)
@@ -123,6 +143,7 @@ impl Toolchain {
             host_compiler_path,
             host_compiler_found_by: host_compiler_found_by.into(),
             lib_dirs,
+            root: Some(root),
             nvcc_env_flags: nvcc_env_flags(),
             manylinux,
         };

@@ -127,14 +127,78 @@ fn manylinux_2_17_instance_needs_glibc_2_17_loads_and_keeps_the_device_code() {
     unsafe {
         let lib = libloading::Library::new(&zso).unwrap_or_else(|e| panic!("{e}"));
         lib.get::<unsafe extern "C" fn()>(b"toy_query\0").unwrap();
-        // Never unloaded, as the Python loader never unloads: dlclose of a zig-linked .so
-        // crashes (DEVELOPERS.md, "manylinux").
-        std::mem::forget(lib);
+        std::mem::forget(lib); // unloaded in a process of its own, below
     }
+    dlopen_dlclose_and_exit(&zso);
 
     // The device code is nvcc's alone: uncompressed, the fatbins (cubins and nvlink's option
     // string) are byte-identical to the g++ build's.
     assert_eq!(section(&zso, ".nv_fatbin"), section(&gso, ".nv_fatbin"));
+}
+
+/// Loads and unloads `so` three times in a process of its own, which must then exit cleanly.
+/// Regression: zig linked no crtbegin, so nothing finalized the exit handlers that cudart's
+/// static init registers; after dlclose the process crashed at exit, calling into the unmapped
+/// `.so` (SIGSEGV).
+fn dlopen_dlclose_and_exit(so: &Path) {
+    let code = "import ctypes, _ctypes, sys\n\
+                for _ in range(3):\n    \
+                    _ctypes.dlclose(ctypes.CDLL(sys.argv[1])._handle)\n\
+                print('unloaded')\n";
+    let o = std::process::Command::new("python3")
+        .args(["-c", code])
+        .arg(so)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("unloaded"),
+        "dlopen/dlclose of {}: {} {}",
+        so.display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_missing_zig_is_a_clear_error() {
+    let Some((t, _)) = setup() else { return };
+    // An nvcc with no ziglang beside it, no Python environment, no zig on PATH.
+    let fake = t.path("bin/nvcc");
+    std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut args = vec!["jit", "--device-cc", "9.0", "--module", "toy"];
+    let w = wheres(INSTANCE);
+    args.extend(w.iter().map(String::as_str));
+    for how in [&["--manylinux", "2_17"][..], &[]] {
+        let o = t
+            .cmd()
+            .env("FLASHGEN_NVCC", &fake)
+            .env("FLASHGEN_MANYLINUX", "2_17")
+            .env("FLASHGEN_PYTHON", t.path("no/python3"))
+            .env("PATH", "/usr/bin:/bin")
+            .env_remove("FLASHGEN_ZIG")
+            .env_remove("VIRTUAL_ENV")
+            .env_remove("CONDA_PREFIX")
+            .args(&args)
+            .args(how)
+            .output()
+            .unwrap();
+        assert_usage_error(
+            &o,
+            &[
+                "zig 0.13",
+                "none was found",
+                "pip install ziglang==0.13.0",
+                "FLASHGEN_MANYLINUX=off",
+            ],
+        );
+    }
 }
 
 #[test]
@@ -181,6 +245,26 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         wheel.ends_with("-py3-none-manylinux_2_17_x86_64.whl"),
         "{wheel}"
     );
+    // It requires the zig its JIT builds with, and its manifest says for which glibc.
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap()).unwrap();
+    let read = |zip: &mut zip::ZipArchive<std::fs::File>, suffix: &str| {
+        let name = zip
+            .file_names()
+            .find(|n| n.ends_with(suffix))
+            .unwrap()
+            .to_string();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut zip.by_name(&name).unwrap(), &mut text).unwrap();
+        text
+    };
+    let metadata = read(&mut zip, ".dist-info/METADATA");
+    assert!(
+        metadata.contains("\nRequires-Dist: ziglang==0.13.0\n"),
+        "{metadata}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&read(&mut zip, "_aot/manifest.json")).unwrap();
+    assert_eq!(manifest["manylinux"], "2_17");
 
     // The test's own binary is dynamic and built on this glibc: refused, not tagged higher.
     // (Skipped where this machine's glibc is itself 2.17.)

@@ -43,7 +43,8 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
     let b = build_json(&t, "out", &wheres(&ONE));
     let split = std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap();
 
-    // The command flashgen ran before the split, with the same flags, in one nvcc call.
+    // The command flashgen ran before the split, with the same flags, in one nvcc call, through
+    // the link step's relative layout (`.cuda` -> the toolchain's root).
     let o = t
         .cmd()
         .args(["generate", "--out", "gen"])
@@ -54,27 +55,25 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
     let nvcc = project_nvcc().expect("the project venv's nvcc");
     let root = nvcc.parent().unwrap().parent().unwrap();
     let one = t.path("one.so");
-    let mut cmd = std::process::Command::new(&nvcc);
-    cmd.args([
-        "-shared",
-        "-Xcompiler=-fPIC",
-        "-cudart=static",
-        "-Xlinker=--strip-all",
-        "-Xlinker=--build-id=none",
-        "-O2",
-        "-std=c++17",
-        "-Xcompiler=-fvisibility=hidden",
-        "-Xfatbin=-compress-all",
-        "-gencode=arch=compute_80,code=sm_80",
-    ])
-    .arg(format!("-I{}", t.path("gen").join(uri(&ONE)).display()))
-    .arg(format!("-I{}", t.path("include").display()));
-    for lib in ["lib64", "lib"]
-        .map(|d| root.join(d))
-        .iter()
-        .filter(|d| d.is_dir())
-    {
-        cmd.arg(format!("-L{}", lib.display()));
+    std::os::unix::fs::symlink(root, t.path(".cuda")).unwrap();
+    let mut cmd = std::process::Command::new(".cuda/bin/nvcc");
+    cmd.current_dir(t.path("."))
+        .args([
+            "-shared",
+            "-Xcompiler=-fPIC",
+            "-cudart=static",
+            "-Xlinker=--strip-all",
+            "-Xlinker=--build-id=none",
+            "-O2",
+            "-std=c++17",
+            "-Xcompiler=-fvisibility=hidden",
+            "-Xfatbin=-compress-all",
+            "-gencode=arch=compute_80,code=sm_80",
+        ])
+        .arg(format!("-I{}", t.path("gen").join(uri(&ONE)).display()))
+        .arg(format!("-I{}", t.path("include").display()));
+    for lib in ["lib64", "lib"].iter().filter(|d| root.join(d).is_dir()) {
+        cmd.arg(format!("-L.cuda/{lib}"));
     }
     let run = cmd
         .arg(t.path("csrc/toy.cu"))
@@ -91,6 +90,46 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         std::fs::read(&one).unwrap() == split,
         "compile + link differs from the one-step build"
     );
+}
+
+#[test]
+fn so_bytes_do_not_depend_on_where_the_toolchain_is_installed() {
+    let _shared = shared();
+    let t = Tree::new("toy");
+    let nvcc = project_nvcc().expect("the project venv's nvcc");
+    let root = nvcc.parent().unwrap().parent().unwrap();
+    // The same toolchain at another path (a symlink: nvcc takes its folder from how it was
+    // started, so to nvcc this is another installation), with its own cache.
+    let elsewhere = t.path("opt/other place/cu13");
+    std::fs::create_dir_all(elsewhere.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(root, &elsewhere).unwrap();
+    let build = |nvcc: &Path, out: &str| {
+        let o = t
+            .cmd()
+            .env("FLASHGEN_NVCC", nvcc)
+            .env("FLASHGEN_CACHE_DIR", t.path(&format!("cache-{out}")))
+            .args(["build", "--json", "--no-compress", "--out", out])
+            .args(wheres(&ONE))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let b = json(&o);
+        assert_eq!(b["built"], 1, "{b}");
+        std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap()
+    };
+    let here = build(&nvcc, "here");
+    let there = build(&elsewhere.join("bin/nvcc"), "there");
+    assert!(here == there, "the .so depends on the toolchain's path");
+    // Neither path is in the bytes (uncompressed, nvlink's option string is readable).
+    for path in [root, elsewhere.as_path()] {
+        let p = path.display().to_string();
+        assert!(
+            !here.windows(p.len()).any(|w| w == p.as_bytes()),
+            "{p} is in the .so"
+        );
+    }
+    let text = String::from_utf8_lossy(&here);
+    assert!(text.contains("-L .cuda/lib"), "nvlink's options changed");
 }
 
 #[test]

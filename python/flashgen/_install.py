@@ -28,6 +28,7 @@ __all__ = [
     "matrix_json",
     "aot_manifest",
     "aot_file",
+    "build_target",
     "select_uris",
 ]
 
@@ -175,6 +176,15 @@ def aot_manifest() -> dict[str, Any] | None:
         data = json.loads(_MANIFEST_FILE.read_text()) if _MANIFEST_FILE.is_file() else None
         _manifest_cache = (data,)
     return _manifest_cache[0]
+
+
+def build_target() -> str | None:
+    """The glibc target the wheel was built for (the manifest's ``manylinux``, e.g. ``"2_17"``:
+    its host code was compiled by zig for that glibc), or None (the system's g++, or a source
+    checkout). The JIT passes it on as ``--manylinux``."""
+    manifest = aot_manifest()
+    target = manifest.get("manylinux") if manifest else None
+    return target if isinstance(target, str) and target else None
 
 
 def aot_dir() -> Path:

@@ -196,6 +196,11 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
         cmd += ["--where", f"{k}={format_value(v)}"]
     if not jit_enabled():
         cmd.append("--no-compile")
+    target = _install.build_target()
+    if target is not None and not os.environ.get("FLASHGEN_MANYLINUX", "").strip():
+        # The wheel's kernels were built by zig for this glibc: build the missing ones the same
+        # way, so that the JIT gives the bytes the wheel would (FLASHGEN_MANYLINUX overrides).
+        cmd += ["--manylinux", target]
     env = dict(os.environ)
     # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
     env.setdefault("FLASHGEN_PYTHON", sys.executable)

@@ -14,6 +14,7 @@ use crate::cli::WheelArgs;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
+use crate::records::Manifest;
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
 
@@ -31,6 +32,9 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
             &mut sources,
         )?;
     }
+    // The glibc target: the instances are built for it, the JIT builds for it (the manifest
+    // says so), and the wheel requires the zig that does it.
+    let target = crate::manylinux::Glibc::resolve(c.manylinux.as_deref())?;
     let aot = if args.no_aot {
         if c.filter.module.is_some() || !c.filter.wheres.is_empty() || c.filter.aot {
             return Err(UsageError::new(
@@ -57,7 +61,9 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     for note in &platform.notes {
         ui.status(format!("platform: {note}"));
     }
-    check_manylinux_target(c.manylinux.as_deref(), &platform)?;
+    if let Some(target) = target {
+        check_manylinux_target(target, &platform)?;
+    }
 
     let readme = std::fs::read_to_string(matrix.root.join("README.md")).ok();
     let meta = WheelMetadata {
@@ -67,7 +73,10 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         requires_python: ">=3.9".into(),
         license: env!("CARGO_PKG_LICENSE").into(),
         readme: readme.map(|r| ("text/markdown".to_string(), r)),
-        requires_dist: Vec::new(),
+        requires_dist: target
+            .map(|_| crate::manylinux::ZIG_REQUIREMENT.to_string())
+            .into_iter()
+            .collect(),
     };
     // The .so files are loaded through ctypes, never as Python extensions: any CPython 3.
     let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform.tag));
@@ -86,13 +95,14 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         // arch it runs on) and JIT-compiles; doctor reports the empty set.
         None => w.add_bytes(
             &format!("{PACKAGE}/_aot/manifest.json"),
-            serde_json::to_string_pretty(&serde_json::json!({
-                "flashgen_version": env!("CARGO_PKG_VERSION"),
-                "toolchain": null,
-                "archs": [],
-                "runs_on": [],
-                "instances": [],
-            }))?
+            serde_json::to_string_pretty(&Manifest {
+                flashgen_version: env!("CARGO_PKG_VERSION").into(),
+                toolchain: None,
+                manylinux: target.map(|g| g.spelling()),
+                archs: Vec::new(),
+                runs_on: Vec::new(),
+                instances: Vec::new(),
+            })?
             .into_bytes(),
             false,
         )?,
@@ -152,10 +162,10 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
 /// With a glibc target (`--manylinux`, `FLASHGEN_MANYLINUX`), the wheel must get that tag: the
 /// instances are built for it, but the shipped binary is whatever `--binary` names, and a
 /// dynamically linked one needs the build machine's glibc. Refused rather than tagged higher.
-fn check_manylinux_target(cli: Option<&str>, platform: &wheel::PlatformReport) -> Result<()> {
-    let Some(target) = crate::manylinux::Glibc::resolve(cli)? else {
-        return Ok(());
-    };
+fn check_manylinux_target(
+    target: crate::manylinux::Glibc,
+    platform: &wheel::PlatformReport,
+) -> Result<()> {
     let minor = platform
         .tag
         .strip_prefix("manylinux_2_")
@@ -176,7 +186,7 @@ fn check_manylinux_target(cli: Option<&str>, platform: &wheel::PlatformReport) -
         needs.join(", ")
     ))
     .with_hint(
-        "ship a static binary: RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu, then --binary target/x86_64-unknown-linux-gnu/release/flashgen (ci/build-wheel.sh does this with MANYLINUX=2_17)",
+        "ship a static binary: RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu, then --binary target/x86_64-unknown-linux-gnu/release/flashgen (ci/build-wheel.sh does this)",
     )
     .into())
 }

@@ -49,6 +49,11 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     }
     let search_dirs = build::search_dirs(matrix);
     let out = std::path::absolute(&args.out)?;
+    // The link steps reach nvcc through `out/.cuda` (see compile.rs), as flashgen's own do.
+    if let Some(root) = &toolchain.root {
+        std::fs::create_dir_all(&out)?;
+        compile::link_toolchain(&out, root)?;
+    }
     let mut commands = Vec::new();
     let mut ninja = Ninja::new(&launcher);
     // One instance (or dispatching module) `name`, whose header is in `out/name/`: the compile
@@ -65,7 +70,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             source: &source,
         };
         let compile = NvccCommand::compile(&toolchain, flags, &inputs, &object, &launcher);
-        let link = NvccCommand::link(&toolchain, flags, &object, &output);
+        let link = NvccCommand::link(&toolchain, flags, &object, &output, &out);
         commands.push(json!({
             "directory": out,
             "arguments": compile.argv(),

@@ -38,6 +38,7 @@ impl Tree {
             .env("FLASHGEN_CACHE_DIR", self.path(".cache"));
         c.env_remove("FLASHGEN_CUDA_ARCH_LIST")
             .env_remove("TORCH_CUDA_ARCH_LIST")
+            .env_remove("FLASHGEN_MANYLINUX")
             .env_remove("MAX_JOBS");
         if let Some(nvcc) = project_nvcc() {
             c.env("FLASHGEN_NVCC", nvcc);

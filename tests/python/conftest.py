@@ -46,7 +46,8 @@ if not _installed_elsewhere() and str(PYTHON_SRC) not in sys.path:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test gets its own cache folder and no inherited flashgen settings."""
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC"):
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC",
+                "FLASHGEN_MANYLINUX"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
@@ -91,7 +92,8 @@ def build_env(nvcc: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     env["FLASHGEN_NVCC"] = str(nvcc)
     env.setdefault("FLASHGEN_SESSION_CACHE", str(tmp_path_factory.mktemp("build-cache")))
     env["FLASHGEN_CACHE_DIR"] = env["FLASHGEN_SESSION_CACHE"]
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC"):
+    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC",
+                "FLASHGEN_MANYLINUX"):
         env.pop(var, None)
     return env
 
