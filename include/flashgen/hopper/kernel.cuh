@@ -26,6 +26,7 @@
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 #include "flashgen/prefill/hooks.cuh"
+#include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/kernel.cuh"
 #include "flashgen/prefill/mask.cuh"
 #include "flashgen/prefill/rope.cuh"
@@ -105,12 +106,21 @@ __device__ __forceinline__ float exp2_fma(float x) {
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
 
-template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched>
+/**
+ * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). PAGE_SIZE >= 1 (paged): the 128
+ * producer threads gather K/V rows with 16-byte cp.async (page table lookups per row, rows
+ * past kv_len zero-filled) into the same 128-byte-swizzled layout the TMA writes, each thread
+ * arriving on the stage's full barrier when its copies land (init count 128); with RoPE the
+ * keys come from the rotated copy in the workspace (`rope_k`, the portable layout).
+ */
+template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched,
+          int PAGE_SIZE = 0>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     hopper_prefill_kernel(const __grid_constant__ Params params,
                           const __grid_constant__ KVTensorMaps maps, const Sched sched,
                           const KVMapOrder order_k, const KVMapOrder order_v,
-                          const prefill::Partials part, const uint32_t num_blocks) {
+                          const prefill::Partials part, const uint32_t num_blocks,
+                          const typename Params::DTypeKV* rope_k, const PagedMapOrder porder) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // built for another architecture: the launcher refuses non-Hopper devices
 #else
@@ -128,6 +138,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kO = kD / 2;       // O floats per thread
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
+  constexpr bool kPaged = PAGE_SIZE > 0;
+  // Paged by TMA (one 5-D box per page and column block) when pages tile the kv tile in whole
+  // 1024-byte swizzle atoms; else (page size 1) the producer warpgroup gathers rows.
+  constexpr bool kPagedTma =
+      kPaged && PAGE_SIZE % 8 == 0 && kTileKV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
+  constexpr bool kGather = kPaged && !kPagedTma;
+  constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
   constexpr bool kVarLogits = prefill::has_own_logits_transform<Variant, Params>();
   constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
@@ -152,14 +169,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
+      mbar_init(full_k(s), kFullCount);
+      mbar_init(full_v(s), kFullCount);
       mbar_init(empty_k(s), Traits::kConsumerWarps);
       mbar_init(empty_v(s), Traits::kConsumerWarps);
     }
+    mbar_init(bar + 8 * 4 * kStages, 1);  // paged TMA: the tail tile's V
     mbar_init_fence();
   }
-  if (tid == 32) {
+  if (!kGather && tid == 32) {
     tma_prefetch_map(&maps.k);
     tma_prefetch_map(&maps.v);
   }
@@ -229,6 +247,131 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == 0) {
     // ================= producer: one thread issues every K/V copy
     setmaxnreg_dec<Traits::kProducerRegs>();
+    if constexpr (kPagedTma) {
+      if (tid == 0) {
+        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
+        const uint32_t tail_bar = bar + 8 * 4 * kStages;
+        uint32_t g = 0, tail_ph = 0;
+        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
+        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
+          const uint8_t a = porder.at[k];
+          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
+        };
+        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+          const uint32_t blk = block_of(round);
+          HopperBlock b;
+          if (blk >= num_blocks || !plan(blk, b)) continue;
+          const int32_t head = int32_t(b.kv_head);
+          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
+          const int32_t* pages = params.kv_indices + b.rq.page0;
+          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+            const uint32_t s = g % kStages;
+            const uint32_t ph = (g / kStages) & 1u;
+            const int32_t t0 = (b.kt_begin + j) * kTileKV;
+            int32_t pid[kPages];
+#pragma unroll
+            for (int i = 0; i < kPages; ++i) {
+              const int32_t pi = t0 / PAGE_SIZE + i;
+              pid[i] = pi < n_pages ? __ldg(pages + pi) : -1;  // -1: zeros
+            }
+            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
+#pragma unroll
+              for (int i = 0; i < kPages; ++i) {
+#pragma unroll
+                for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+                  tma_load_5d(dst + cb * kTileKV * 128 + i * PAGE_SIZE * 128, &maps.k, done,
+                              cb * 64, coord(0, head, kv, pid[i]), coord(1, head, kv, pid[i]),
+                              coord(2, head, kv, pid[i]), coord(3, head, kv, pid[i]));
+                }
+              }
+            };
+            mbar_wait(empty_k(s), ph ^ 1u);
+            mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
+            if constexpr (kRope) {
+              // rotated keys: the dense workspace rows, as ragged
+              const int32_t row = int32_t(b.rq.kv_row0) + t0;
+              const int32_t k1 = order_v.rows_first ? row : head;
+              const int32_t k2 = order_v.rows_first ? head : row;
+#pragma unroll
+              for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+                tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.v, full_k(s), cb * 64, k1, k2);
+              }
+            } else {
+              load(k_addr(s), full_k(s), 0);
+            }
+            mbar_wait(empty_v(s), ph ^ 1u);
+            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
+            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
+            const int32_t z_lo = b.kv_len - t0;
+            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
+            if (z_lo < z_hi) {
+              mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
+              load(v_addr(s), tail_bar, 1);
+              mbar_wait(tail_bar, tail_ph);
+              tail_ph ^= 1u;
+              uint8_t* vs = smem + (v_addr(s) - base);
+              for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+                for (int32_t r = z_lo; r < z_hi; ++r) {
+#pragma unroll
+                  for (int ch = 0; ch < 8; ++ch) {
+                    *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + r * 128 + ch * 16) =
+                        make_uint4(0u, 0u, 0u, 0u);
+                  }
+                }
+              }
+              fence_proxy_async();
+              mbar_arrive(full_v(s));
+            } else {
+              mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
+              load(v_addr(s), full_v(s), 1);
+            }
+          }
+        }
+      }
+      return;
+    } else if constexpr (kGather) {
+      // Thread t copies 16-byte chunk t % kChunks of rows t / kChunks + kRowStep * i.
+      constexpr uint32_t kChunks = kD / 8;
+      constexpr uint32_t kRowStep = 128 / kChunks;
+      constexpr int kPasses = kTileKV / int(kRowStep);
+      static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
+      const uint32_t c = tid % kChunks, r0 = tid / kChunks;
+      uint32_t g = 0;
+      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+        const uint32_t blk = block_of(round);
+        HopperBlock b;
+        if (blk >= num_blocks || !plan(blk, b)) continue;
+        const auto src = prefill::make_kv<kD, PAGE_SIZE, kRope>(params, b.rq, b.kv_head, rope_k);
+        for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+          const uint32_t s = g % kStages;
+          const uint32_t ph = (g / kStages) & 1u;
+          const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
+          mbar_wait(empty_k(s), ph ^ 1u);
+#pragma unroll 4
+          for (int i = 0; i < kPasses; ++i) {
+            const int32_t pos = pos0 + i * int32_t(kRowStep);
+            const bool ok = pos < b.kv_len;
+            const DTypeKV* row = src.k_row(ok && !kRope ? src.page(uint32_t(pos)) : 0,
+                                           ok ? uint32_t(pos) : 0u);
+            ptx::cp_async_16(k_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
+                             ok ? 16u : 0u);
+          }
+          mbar_cp_async_arrive(full_k(s));
+          mbar_wait(empty_v(s), ph ^ 1u);
+#pragma unroll 4
+          for (int i = 0; i < kPasses; ++i) {
+            const int32_t pos = pos0 + i * int32_t(kRowStep);
+            const bool ok = pos < b.kv_len;
+            const DTypeKV* row = src.v_row(ok ? src.page(uint32_t(pos)) : 0,
+                                           ok ? uint32_t(pos) : 0u);
+            ptx::cp_async_16(v_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
+                             ok ? 16u : 0u);
+          }
+          mbar_cp_async_arrive(full_v(s));
+        }
+      }
+      return;
+    }
     if (tid == 0) {
       uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
       for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
@@ -372,6 +515,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (!(last && cw == 1)) named_barrier_arrive(3 + (1 - cw), 256);
     }
   };
+  // Paged: the stage was written by cp.async (generic proxy) and is read by wgmma (async
+  // proxy): a proxy fence after the barrier wait, before the reading wgmma is issued.
+  auto wait_full = [&](uint32_t bar_addr, uint32_t parity) {
+    mbar_wait(bar_addr, parity);
+    if constexpr (kGather) fence_proxy_async();
+  };
   auto release = [&](uint32_t b) {
     __syncwarp();
     if (lane == 0) mbar_arrive(b);
@@ -499,7 +648,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- tile 0: S_0 only
     {
       pp_wait();
-      mbar_wait(full_k(g % kStages), (g / kStages) & 1u);
+      wait_full(full_k(g % kStages), (g / kStages) & 1u);
       issue_qk(g % kStages);
       pp_signal(false);
       wg_wait<0>();
@@ -520,9 +669,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const uint32_t st = gj % kStages, ph = (gj / kStages) & 1u;
       const uint32_t sp = (gj - 1) % kStages, php = ((gj - 1) / kStages) & 1u;
       pp_wait();
-      mbar_wait(full_k(st), ph);
+      wait_full(full_k(st), ph);
       issue_qk(st);
-      mbar_wait(full_v(sp), php);
+      wait_full(full_v(sp), php);
       issue_pv(sp);
       pp_signal(false);
       wg_wait<1>();
@@ -546,7 +695,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const uint32_t gl = g + uint32_t(n_tiles) - 1u;
       const uint32_t sp = gl % kStages, php = (gl / kStages) & 1u;
       pp_wait();
-      mbar_wait(full_v(sp), php);
+      wait_full(full_v(sp), php);
       issue_pv(sp);
       pp_signal(true);
       wg_wait<0>();

@@ -18,6 +18,15 @@
  *                                           cudaStream_t stream)
  *       total_q = q.shape[0], kv_rows = k.shape[0] (the tensor maps span all k/v rows; a
  *       request's tiles start at kv_indptr[b]).
+ *   template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
+ *   int hopper::launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows,
+ *                                          void* ws, int64_t ws_bytes, const DeviceInfo& dev,
+ *                                          cudaStream_t stream)
+ *       The portable signature (prefill/launch.cuh): kv_rows = kv_indices.shape[0] * PAGE_SIZE,
+ *       read by the RoPE pre-pass only; the workspace is batch_prefill_workspace_bytes's. K/V
+ *       tiles come by TMA, one 5-D box per page and 64-column block, when the page size is
+ *       a multiple of 8 dividing the kv tile (16); else (page size 1) the producer warpgroup
+ *       gathers rows with cp.async. NHD or HND pages, any page order.
  *
  * Batch: the portable prep kernel writes the unit table (with this kernel's tile shapes), then
  * [rope_k] -> hopper prefill -> merge, as prefill/launch.cuh does.
@@ -72,7 +81,8 @@ inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len, in
   return plan_single<HEAD_DIM, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
 }
 
-template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched>
+template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched,
+          int PAGE_SIZE = 0>
 struct HopperKernelTag {};
 
 /** Persistent grid: at most one CTA per SM, each looping over blocks (round-robin, or snake
@@ -174,7 +184,7 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   const dim3 grid(grid_ctas(blocks, dev, MASK == prefill::kMaskCausal));
   if (int st = launch("single_prefill (sm90) kernel", kernel, grid, Traits::kThreads,
                       Traits::kSmemBytes, stream, !first, p, maps, sched, order_k, order_v, part,
-                      uint32_t(blocks))) {
+                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{})) {
     return st;
   }
   if (plan.splits > 1) {
@@ -284,11 +294,106 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   const dim3 grid(grid_ctas(blocks, dev, false));
   if (int st = launch("batch_prefill_ragged (sm90) kernel", kernel, grid, Traits::kThreads,
                       Traits::kSmemBytes, stream, true, p, maps, sched, order_k, order_v, part,
-                      uint32_t(blocks))) {
+                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{})) {
     return st;
   }
   auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
   return launch("batch_prefill_ragged (sm90) merge kernel", merge,
+                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
+                true, p, sched, part);
+}
+
+template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
+int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
+                               int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
+  using Traits = HopperTraits<HEAD_DIM>;
+  using DType = typename Params::DTypeKV;
+  static_assert(sizeof(DType) == 2, "16-bit K/V");
+  static_assert(PAGE_SIZE >= 1, "page size");
+  const char* what = "batch_prefill_paged (sm90)";
+  if (int st = check_hopper(what, dev)) return st;
+  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr ||
+      p.kv_indices == nullptr || p.kv_last_page_len == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: batch_size >= 1, indptrs, kv_indices and kv_last_page_len are required", what);
+  }
+  if (p.page_size != PAGE_SIZE) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: page_size %u but the kernel is built for %d", what,
+                p.page_size, PAGE_SIZE);
+  }
+  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
+      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h) ||
+      !prefill::vec_ok(p.paged_kv, p.kv_stride_page, p.kv_stride_kv) ||
+      !prefill::vec_ok(p.paged_kv, p.kv_stride_n, p.kv_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
+                what);
+  }
+  const prefill::WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(
+      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
+  uint8_t* base = static_cast<uint8_t*>(ws);
+  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
+  int4* table = reinterpret_cast<int4*>(base + L.table_off);
+  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
+  if (int st = launch("batch_prefill_paged (sm90) prep kernel",
+                      prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
+                      prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
+                      uint32_t(L.split_units), unit_start, table)) {
+    return st;
+  }
+  const DType* rope_k = nullptr;
+  if constexpr (POS == prefill::kPosRopeLlama) {
+    DType* rk_out = reinterpret_cast<DType*>(base + L.rope_off);
+    rope_k = rk_out;
+    if (kv_rows > 0) {
+      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
+      auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
+                                             typename Params::DTypeO>;
+      if (int st = launch("batch_prefill_paged (sm90) rope_k kernel", rk,
+                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
+                          true, p, rk_out, kv_rows)) {
+        return st;
+      }
+    }
+  }
+  // TMA (page sizes that are multiples of 8 dividing the kv tile): maps.k is the 5-D map of
+  // the page pool (K and V by the k/v coordinate), maps.v the dense map of the rotated keys
+  // (RoPE). Other page sizes: the producer gathers rows, no maps.
+  constexpr bool kTma = PAGE_SIZE % 8 == 0 && Traits::kTileKV % PAGE_SIZE == 0;
+  KVTensorMaps maps{};
+  KVMapOrder order{true};
+  PagedMapOrder porder{};
+  if constexpr (kTma) {
+    if (int st = make_paged_map(&maps.k, &porder, p.paged_kv, p.num_kv_heads, HEAD_DIM, PAGE_SIZE,
+                                p.kv_stride_page, p.kv_stride_kv, p.kv_stride_n, p.kv_stride_h)) {
+      return st;
+    }
+    if constexpr (POS == prefill::kPosRopeLlama) {
+      if (int st = make_kv_map(&maps.v, &order, rope_k, kv_rows > 0 ? kv_rows : 1, p.num_kv_heads,
+                               HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM, int64_t(HEAD_DIM),
+                               Traits::kTileKV)) {
+        return st;
+      }
+    }
+  }
+  const prefill::Partials part{reinterpret_cast<float*>(base + L.part_o_off),
+                               reinterpret_cast<float*>(base + L.part_lse_off)};
+  const prefill::BatchSched sched{table};
+  auto kernel =
+      hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
+  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
+  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
+  const int64_t blocks = L.grid_units * p.num_kv_heads;
+  const dim3 grid(grid_ctas(blocks, dev, false));
+  if (int st = launch("batch_prefill_paged (sm90) kernel", kernel, grid, Traits::kThreads,
+                      Traits::kSmemBytes, stream, true, p, maps, sched, order, order, part,
+                      uint32_t(blocks), rope_k, porder)) {
+    return st;
+  }
+  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
+  return launch("batch_prefill_paged (sm90) merge kernel", merge,
                 dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
                 true, p, sched, part);
 }

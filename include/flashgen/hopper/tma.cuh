@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -33,6 +34,18 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+/** 5-D box (the paged map: see make_paged_map); coordinates may be negative (zero fill). */
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                                            int32_t c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+      "r"(bar)
       : "memory");
 }
 
@@ -95,6 +108,55 @@ inline int make_kv_map(CUtensorMap* map, KVMapOrder* order, const T* base, int64
                 "cuTensorMapEncodeTiled failed (%d) for a K/V tensor of %lld rows, %lld heads, "
                 "strides %lld/%lld elements at %p",
                 int(r), static_cast<long long>(rows), static_cast<long long>(heads),
+                static_cast<long long>(stride_n), static_cast<long long>(stride_h),
+                static_cast<const void*>(base));
+  }
+  return FLASHGEN_OK;
+}
+
+/** Which logical coordinate (0 row in page, 1 head, 2 k/v, 3 page) each of the paged map's
+ *  dimensions 1..4 holds (dimensions ordered by stride). */
+struct PagedMapOrder {
+  uint8_t at[4];
+};
+
+/**
+ * Host: 5-D map of a page pool (16-bit): element (d, row in page, head, kv, page) at base +
+ * page * stride_page + kv * stride_kv + row * stride_n + head * stride_h + d (strides in
+ * elements), box 64 x page_size rows x 1 x 1 x 1, 128-byte swizzle. The pool's page count is
+ * not known to the host: the page extent is 2^31 - 1 (page ids come from kv_indices), and a
+ * page coordinate of -1 reads zeros (pages past a request's end).
+ */
+template <typename T>
+inline int make_paged_map(CUtensorMap* map, PagedMapOrder* order, const T* base, int64_t heads,
+                          int64_t head_dim, int64_t page_size, int64_t stride_page,
+                          int64_t stride_kv, int64_t stride_n, int64_t stride_h) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode;
+  if (int st = get_encode_tiled(&encode)) return st;
+  const int64_t ext[4] = {page_size, heads, 2, (int64_t{1} << 31) - 1};
+  const int64_t str[4] = {stride_n, stride_h, stride_kv, stride_page};
+  int idx[4] = {0, 1, 2, 3};
+  std::sort(idx, idx + 4, [&](int a, int b) { return str[a] < str[b] || (str[a] == str[b] && a < b); });
+  cuuint64_t dims[5] = {cuuint64_t(head_dim)};
+  cuuint64_t strides[4];
+  cuuint32_t box[5] = {64, 1, 1, 1, 1};
+  cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  for (int k = 0; k < 4; ++k) {
+    order->at[k] = uint8_t(idx[k]);
+    dims[k + 1] = cuuint64_t(ext[idx[k]]);
+    strides[k] = cuuint64_t(str[idx[k]] * 2);
+    if (idx[k] == 0) box[k + 1] = cuuint32_t(page_size);
+  }
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<T*>(base), dims,
+                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return fail(FLASHGEN_CUDA_ERROR,
+                "cuTensorMapEncodeTiled failed (%d) for a page pool of page size %lld, %lld heads, "
+                "strides page/kv/n/h %lld/%lld/%lld/%lld elements at %p",
+                int(r), static_cast<long long>(page_size), static_cast<long long>(heads),
+                static_cast<long long>(stride_page), static_cast<long long>(stride_kv),
                 static_cast<long long>(stride_n), static_cast<long long>(stride_h),
                 static_cast<const void*>(base));
   }

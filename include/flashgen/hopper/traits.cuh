@@ -65,7 +65,8 @@ struct HopperTraits {
   static constexpr int kQBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVBytes = kTileKV * kHeadDim * 2;
   static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr int kVariantOffset = kBarOffset + 8 * 4 * kStages;
+  // 4 barriers per stage + 1 (paged TMA: the tail tile's V, zeroed past kv_len by the producer)
+  static constexpr int kVariantOffset = kBarOffset + 8 * (4 * kStages + 1);
   static constexpr int kVariantSmemBytes = 256;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes (128-byte swizzle atoms).
   static constexpr int kSmemBytes = 1024 + kVariantOffset + kVariantSmemBytes;
