@@ -17,6 +17,9 @@
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
+#if FLASHGEN_BACKEND_sm90
+#include "flashgen/hopper/launch.cuh"
+#endif
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
@@ -47,7 +50,50 @@ int64_t kv_rows(const Args& a, int64_t page_size) {
   return a.num_page_ids * page_size;
 }
 
-template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag>
+/**
+ * The implementation behind each value of the backend axis (variants.json): the Hopper one
+ * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
+ * portable instance never names Hopper code. A specialization, not `if constexpr` in the
+ * dispatch body: that body is no template, and a discarded branch there is still compiled.
+ */
+template <int BACKEND>
+struct Impl;
+
+template <>
+struct Impl<FLASHGEN_CODE_backend_portable> {
+  template <int HEAD_DIM, int PAGE_SIZE, int POS, typename DType>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+        a.total_q, kv_rows(a, PAGE_SIZE), a.batch_size, a.num_qo_heads, a.num_kv_heads,
+        dev.sm_count);
+  }
+  template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
+        p, a.total_q, kv_rows(a, PAGE_SIZE), a.workspace, a.workspace_bytes, dev,
+        static_cast<cudaStream_t>(a.stream));
+  }
+};
+
+#if FLASHGEN_BACKEND_sm90
+template <>
+struct Impl<FLASHGEN_CODE_backend_sm90> {
+  template <int HEAD_DIM, int PAGE_SIZE, int POS, typename DType>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+        a.total_q, kv_rows(a, PAGE_SIZE), a.batch_size, a.num_qo_heads, a.num_kv_heads,
+        dev.sm_count);
+  }
+  template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    return hopper::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
+        p, a.total_q, kv_rows(a, PAGE_SIZE), a.workspace, a.workspace_bytes, dev,
+        static_cast<cudaStream_t>(a.stream));
+  }
+};
+#endif
+
+template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag, int BACKEND>
 int run(const Args& a, const DeviceInfo& dev) {
   using Params = BatchPrefillPagedParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
@@ -67,9 +113,7 @@ int run(const Args& a, const DeviceInfo& dev) {
   p.kv_stride_h = a.kv_stride_h;
   p.batch_size = static_cast<uint32_t>(a.batch_size);
   p.page_size = static_cast<uint32_t>(a.page_size);
-  return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
-      p, a.total_q, kv_rows(a, PAGE_SIZE), a.workspace, a.workspace_bytes, dev,
-      static_cast<cudaStream_t>(a.stream));
+  return Impl<BACKEND>::template launch<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(p, a, dev);
 }
 
 }  // namespace
@@ -84,9 +128,8 @@ extern "C" FLASHGEN_API int flashgen_batch_prefill_paged_workspace_size(const Ar
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes = prefill::batch_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
-        a.total_q, kv_rows(a, FG_page_size), a.batch_size, a.num_qo_heads, a.num_kv_heads,
-        dev.sm_count);
+    *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim, FG_page_size, FG_pos_encoding,
+                                                        FG_dtype>(a, dev);
   });
   return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
@@ -101,7 +144,7 @@ extern "C" FLASHGEN_API int flashgen_batch_prefill_paged(const Args* args) {
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_page_size, FG_mask, FG_pos_encoding, FG_variant>(a, dev); });
+  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_page_size, FG_mask, FG_pos_encoding, FG_variant, FG_backend>(a, dev); });
   return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
 }
 

@@ -12,8 +12,8 @@ its output). Seeds come from the case id (crc32), data is fresh per case.
 
 Skips cleanly without torch, without a CUDA device, and while flashgen has no prefill API.
 Default run: bf16 head_dim 128 in depth, the other dtype/head_dim pairs and variants trimmed
-(as test_decode_gpu does); ``FLASHGEN_TEST_FULL=1`` runs the full product. The modules with a backend axis (single and
-ragged) run on the backend the loader picks for the device (sm90 on Hopper); set
+(as test_decode_gpu does); ``FLASHGEN_TEST_FULL=1`` runs the full product. The modules with a backend axis (single,
+ragged, paged) run on the backend the loader picks for the device (sm90 on Hopper); set
 ``FLASHGEN_TEST_BACKEND=portable`` (or ``sm90``) to run every case of those modules on that one. The instances a run
 needs are compiled up front, in parallel (``FLASHGEN_TEST_JIT_THREADS``, default 16), into one
 cache for the module (``FLASHGEN_TEST_CACHE_DIR`` to keep it between runs). Set
@@ -82,7 +82,7 @@ torch.backends.cudnn.allow_tf32 = False
 DEV = "cuda:0"
 # None: the loader's choice for the device; else the backend= of every single / ragged call.
 TEST_BACKEND = os.environ.get("FLASHGEN_TEST_BACKEND") or None
-BACKEND_KINDS = ("single", "ragged")  # the modules that declare a backend axis
+BACKEND_KINDS = ("single", "ragged", "paged")  # the modules that declare a backend axis
 FULL = os.environ.get("FLASHGEN_TEST_FULL") == "1"
 ERRLOG = os.environ.get("FLASHGEN_TEST_ERRLOG")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
@@ -813,6 +813,10 @@ def agree_cases() -> list[dict[str, Any]]:
         _case(shape=(1000, 4097), pos_encoding="rope_llama", rope=1),
         _case(kind="ragged", lens="mixed"), _case(kind="ragged", lens="empty", causal=False),
         _case(kind="ragged", lens="mixed", pos_encoding="rope_llama", offsets=True, rope=1),
+        _case(kind="paged", page_size=16, lens="mixed"), _case(kind="paged", page_size=1, lens="mixed"),
+        _case(kind="paged", page_size=16, lens="empty", layout="HND", causal=False),
+        _case(kind="paged", page_size=16, lens="mixed", pos_encoding="rope_llama", offsets=True, rope=1),
+        _case(kind="paged", page_size=16, lens="mixed", variant="alibi"),
     ]
 
 
@@ -826,7 +830,7 @@ def _backends_here(module: str) -> list[str]:
 
 @pytest.mark.parametrize("case", [dict(c, backend=None, both_backends=True) for c in agree_cases()], ids=case_id)
 def test_backends_agree(case: dict[str, Any]) -> None:
-    module = "single_prefill" if case["kind"] == "single" else "batch_prefill_ragged"
+    module = {"single": "single_prefill", "ragged": "batch_prefill_ragged", "paged": "batch_prefill_paged"}[case["kind"]]
     backends = _backends_here(module)
     if torch.cuda.get_device_capability(0)[0] == 9:
         assert backends == ["sm90", "portable"], f"{module} on Hopper runs {backends}"
