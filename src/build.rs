@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::arch::Arch;
 use crate::cache::{Cache, Entry, Lookup};
 use crate::codegen;
-use crate::compile::{self, CompileInputs, Launcher, NvccCommand};
+use crate::compile::{self, CompileInputs, Guard, Launcher, NvccCommand};
 use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
@@ -303,6 +303,7 @@ impl<'m> Builder<'m> {
                 prepared.len(),
                 prepared.len() - misses.len()
             ));
+            let guard = Guard::start()?;
             let stop = AtomicBool::new(false);
             let progress = ui.progress(misses.len());
             let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
@@ -314,7 +315,7 @@ impl<'m> Builder<'m> {
                         return;
                     }
                     progress.start(&p.inst.uri);
-                    match self.fill(p, ui) {
+                    match self.fill(p, &guard, ui) {
                         Ok((entry, took)) => {
                             let outcome = match took {
                                 Some(t) => format!("{:.1}s", t.as_secs_f64()),
@@ -494,7 +495,12 @@ impl<'m> Builder<'m> {
 
     /// Makes one missed instance present: under its lock, looks again (a concurrent build may
     /// have stored it; `None` time then), discards a corrupt object, compiles and stores.
-    fn fill(&self, p: &Prepared, ui: &Ui) -> Result<(Entry, Option<Duration>), Failure> {
+    fn fill(
+        &self,
+        p: &Prepared,
+        guard: &Guard,
+        ui: &Ui,
+    ) -> Result<(Entry, Option<Duration>), Failure> {
         let store = |e: anyhow::Error| Failure {
             uri: p.inst.uri.clone(),
             kind: FailureKind::Store,
@@ -514,13 +520,13 @@ impl<'m> Builder<'m> {
             }
             Lookup::Miss => {}
         }
-        self.compile_one(p).map(|(e, t)| (e, Some(t)))
+        self.compile_one(p, guard).map(|(e, t)| (e, Some(t)))
     }
 
-    /// Compiles one instance in two steps (see `compile.rs`), both under the guard with nvcc's
-    /// temporary files and the object in a folder of the cache removed after, checks its entry
-    /// points and stores it. Call with the key locked.
-    fn compile_one(&self, p: &Prepared) -> Result<(Entry, Duration), Failure> {
+    /// Compiles one instance in two steps (see `compile.rs`), both in the guard's process group
+    /// with nvcc's temporary files, the object and the `.so` in a folder of the cache removed
+    /// after, checks its entry points and stores it. Call with the key locked.
+    fn compile_one(&self, p: &Prepared, guard: &Guard) -> Result<(Entry, Duration), Failure> {
         let fail = |kind: FailureKind, command: String, status: String, stderr: String| Failure {
             uri: p.inst.uri.clone(),
             kind,
@@ -544,17 +550,18 @@ impl<'m> Builder<'m> {
                 String::new(),
             )
         };
-        let tmp = self.cache.temp_output(&p.inst.uri).map_err(early)?;
         let scratch = self.cache.compile_dir(&p.inst.uri).map_err(early)?;
         let object = scratch.path().join(format!("{}.o", p.inst.uri));
+        let tmp = scratch.path().join(format!("{}.so", p.inst.uri));
         let [compile, link] = self.commands(p, &object, &tmp);
         let mut took = Duration::ZERO;
         for step in [&compile, &link] {
-            took += step.run(scratch.path()).map_err(|(status, stderr)| {
-                fail(FailureKind::Compile, step.shell_line(), status, stderr)
-            })?;
+            took += step
+                .run(scratch.path(), guard)
+                .map_err(|(status, stderr)| {
+                    fail(FailureKind::Compile, step.shell_line(), status, stderr)
+                })?;
         }
-        drop(scratch);
         let cmd = &link;
         let bytes = std::fs::read(&tmp)
             .with_context(|| format!("cannot read nvcc's output {}", tmp.display()))
@@ -575,7 +582,7 @@ impl<'m> Builder<'m> {
         }
         let entry = self
             .cache
-            .insert(&p.key, &p.inst.uri, tmp, &bytes)
+            .insert(&p.key, &p.inst.uri, &tmp, &bytes)
             .map_err(|e| store(cmd, e))?;
         Ok((entry, took))
     }
