@@ -289,12 +289,12 @@ impl Cache {
         }
     }
 
-    /// A fresh private folder under `<cache>/tmp` for nvcc's temporary files (its `TMPDIR`) in
-    /// one compile, removed when dropped.
-    pub fn compile_dir(&self, uri: &str) -> Result<tempfile::TempDir> {
+    /// A fresh private folder `<cache>/tmp/nvcc-<name>.*/` (nvcc's files, the JIT's generated
+    /// header), removed when dropped.
+    pub fn compile_dir(&self, name: &str) -> Result<tempfile::TempDir> {
         let tmp = self.subdir("tmp")?;
         tempfile::Builder::new()
-            .prefix(&format!("nvcc-{uri}."))
+            .prefix(&format!("nvcc-{name}."))
             .tempdir_in(&tmp)
             .with_context(|| format!("cannot create a folder in {}", tmp.display()))
     }
