@@ -22,9 +22,13 @@ in the tree during the run cannot turn a no-op into a build.
 2. A synthetic matrix of --synthetic instances (4 axes of 10 values: int, int, enum, variant),
    compiled by a fake compiler (a /bin/sh script that writes its -o file and answers
    --version like nvcc 13.0): cold build and no-op rebuild.
-3. flashgen build --jobs N against ninja -j N on the same nvcc argv (taken from
-   `flashgen generate`'s compile_commands.json; ninja's outputs in its own folder): cold
-   (flashgen: empty FLASHGEN_CACHE_DIR and --out; ninja: no outputs, no .ninja_log) and no-op,
+3. flashgen build --jobs N against ninja -j N, two ways: (i) one edge per instance running the
+   compile step's argv from `flashgen generate`'s compile_commands.json (issue 2's peer, from
+   when flashgen ran one nvcc per instance), (ii) flashgen's own plan, `flashgen generate
+   --ninja`'s build.ninja (compile + link per instance, the same steps flashgen runs). Cold
+   (flashgen: empty FLASHGEN_CACHE_DIR and --out; ninja: no outputs, no .ninja_log, then
+   --settle seconds, because on ext4 without a journal files created within ~10 s of mass
+   deletion are slow to create) and no-op,
    (a) with real nvcc on tests/fixtures/toy --where fast=true --where width=64 (8 instances),
    (b) with the fake compiler on the synthetic matrix.
 4. Parallel efficiency of a cold real build: (sum of per-instance nvcc wall times / jobs) /
@@ -350,17 +354,31 @@ class Bench:
         self.note(f"{label}: flashgen generate (headers + compile_commands), not in ninja's time",
                   f"{t_gen:.3f} s")
         ninja_argv = [self.ninja, "-C", str(gen), "-j", jobs]
-        fg_cold, fg_noop, nj_cold, nj_noop = [], [], [], []
+        # (ii) flashgen's own plan: the same two steps per instance as flashgen build.
+        plan = self.tmp / f"plan-{tag}"
+        self.run(self.fg(cfg, "generate", "--ninja", "--out", str(plan), *filters),
+                 self.env(nvcc, self.tmp / f"c-plan-{tag}"))
+        plan_argv = [self.ninja, "-C", str(plan), "-j", jobs]
+        fg_cold, fg_noop, nj_cold, nj_noop, pl_cold = [], [], [], [], []
         for r in range(self.args.cold_runs):
             cache, out = self.tmp / f"c-vs-{tag}-{r}", self.tmp / f"o-vs-{tag}-{r}"
             env = self.env(nvcc, cache)
             argv = self.fg(cfg, "build", "--out", str(out), "-j", jobs, *filters)
             # Alternate who goes first, so neither always gets the warmer page cache.
-            order = ["ninja", "flashgen"] if r % 2 == 0 else ["flashgen", "ninja"]
+            order = ["ninja", "plan", "flashgen"]
+            if r % 2:
+                order.reverse()
             for who in order:
                 if who == "ninja":
                     self.ninja_clean(gen, outputs)
+                    time.sleep(self.args.settle)
                     nj_cold.append(self.run(ninja_argv, env)[0])
+                elif who == "plan":
+                    subprocess.run([self.ninja, "-C", str(plan), "-t", "clean"], check=True,
+                                   stdout=subprocess.DEVNULL)
+                    self.ninja_clean(plan, [])
+                    time.sleep(self.args.settle)
+                    pl_cold.append(self.run(plan_argv, env)[0])
                 elif efficiency:
                     t, text = self.run(argv + ["--json"], env, capture=True)
                     fg_cold.append(t)
@@ -381,6 +399,7 @@ class Bench:
         med = statistics.median
         self.note(f"{label}: cold flashgen runs (s)", " ".join(f"{x:.3f}" for x in fg_cold))
         self.note(f"{label}: cold ninja runs (s)", " ".join(f"{x:.3f}" for x in nj_cold))
+        self.note(f"{label}: cold ninja-on-plan runs (s)", " ".join(f"{x:.3f}" for x in pl_cold))
         self.note(f"{label}: no-op flashgen runs (s)", " ".join(f"{x:.4f}" for x in fg_noop))
         self.note(f"{label}: no-op ninja runs (s)", " ".join(f"{x:.4f}" for x in nj_noop))
         # Median decides; the min is shown too (on a shared machine noise only adds time).
@@ -390,6 +409,10 @@ class Bench:
                  f"{a:.3f} s (min {min(fg_cold):.3f})",
                  f"{b:.3f} s (min {min(nj_cold):.3f}; +generate {b + t_gen:.3f})",
                  "flashgen <= ninja", a <= b)
+        c = med(pl_cold)
+        self.add(f"cold build vs ninja on flashgen's plan (generate --ninja), {label}, -j{jobs}",
+                 f"{a:.3f} s (min {min(fg_cold):.3f})", f"{c:.3f} s (min {min(pl_cold):.3f})",
+                 "flashgen <= ninja", a <= c)
         a, b = med(fg_noop), med(nj_noop)
         self.add(f"no-op vs ninja, {label}", f"{a:.4f} s (min {min(fg_noop):.4f})",
                  f"{b:.4f} s (min {min(nj_noop):.4f})", "flashgen <= ninja", a <= b)
@@ -416,6 +439,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="no-op runs per median")
     ap.add_argument("--cold-runs", type=int, default=3, help="cold builds per side vs ninja")
     ap.add_argument("--synthetic", type=int, default=10000)
+    ap.add_argument("--settle", type=float, default=12.0,
+                    help="seconds to wait after deleting ninja's outputs, before its cold run")
     ap.add_argument("--skip-real", action="store_true", help="skip everything that runs nvcc")
     ap.add_argument("--tree", choices=["head", "worktree"], default="head",
                     help="snapshot variants.json, csrc/, include/ and the toy fixture from the "

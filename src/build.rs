@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::arch::Arch;
 use crate::cache::{Cache, Entry, Lookup};
 use crate::codegen;
-use crate::compile::{self, CompileInputs, Launcher, NvccCommand};
+use crate::compile::{self, CompileInputs, Guard, Launcher, NvccCommand};
 use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
@@ -353,6 +353,8 @@ impl<'m> Builder<'m> {
                 prepared.len(),
                 prepared.len() - misses.len()
             ));
+            let guard = Guard::start()?;
+            let scratch = Scratch::new(&self.cache);
             let stop = AtomicBool::new(false);
             let progress = ui.progress(misses.len());
             let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
@@ -364,7 +366,7 @@ impl<'m> Builder<'m> {
                         return;
                     }
                     progress.start(&p.inst.uri);
-                    match self.fill(p, ui) {
+                    match self.fill(p, &guard, &scratch, ui) {
                         Ok((entry, took)) => {
                             let outcome = match took {
                                 Some(t) => format!("{:.1}s", t.as_secs_f64()),
@@ -546,7 +548,13 @@ impl<'m> Builder<'m> {
 
     /// Makes one missed instance present: under its lock, looks again (a concurrent build may
     /// have stored it; `None` time then), discards a corrupt object, compiles and stores.
-    fn fill(&self, p: &Prepared, ui: &Ui) -> Result<(Entry, Option<Duration>), Failure> {
+    fn fill(
+        &self,
+        p: &Prepared,
+        guard: &Guard,
+        scratch: &Scratch,
+        ui: &Ui,
+    ) -> Result<(Entry, Option<Duration>), Failure> {
         let store = |e: anyhow::Error| Failure {
             uri: p.inst.uri.clone(),
             kind: FailureKind::Store,
@@ -566,13 +574,19 @@ impl<'m> Builder<'m> {
             }
             Lookup::Miss => {}
         }
-        self.compile_one(p).map(|(e, t)| (e, Some(t)))
+        self.compile_one(p, guard, scratch)
+            .map(|(e, t)| (e, Some(t)))
     }
 
-    /// Compiles one instance in two steps (see `compile.rs`), both under the guard with nvcc's
-    /// temporary files and the object in a folder of the cache removed after, checks its entry
-    /// points and stores it. Call with the key locked.
-    fn compile_one(&self, p: &Prepared) -> Result<(Entry, Duration), Failure> {
+    /// Compiles one instance in two steps (see `compile.rs`), both in the guard's process group
+    /// with nvcc's temporary files, the object and the `.so` in a scratch folder of the cache,
+    /// checks its entry points and stores it. Call with the key locked.
+    fn compile_one(
+        &self,
+        p: &Prepared,
+        guard: &Guard,
+        scratch: &Scratch,
+    ) -> Result<(Entry, Duration), Failure> {
         let fail = |kind: FailureKind, command: String, status: String, stderr: String| Failure {
             uri: p.inst.uri.clone(),
             kind,
@@ -596,18 +610,27 @@ impl<'m> Builder<'m> {
                 String::new(),
             )
         };
-        let tmp = self.cache.temp_output(&p.inst.uri).map_err(early)?;
-        let scratch = self.cache.compile_dir(&p.inst.uri).map_err(early)?;
-        let object = scratch.path().join(format!("{}.o", p.inst.uri));
+        // A failure drops the folder (removing whatever the failed step left there); a success
+        // gives it back for the next compile.
+        let dir = scratch.take().map_err(early)?;
+        let object = dir.path().join("instance.o");
+        let tmp = dir.path().join("instance.so");
         let [compile, link] = self.commands(p, &object, &tmp);
         let mut took = Duration::ZERO;
         for step in [&compile, &link] {
-            took += step.run(scratch.path()).map_err(|(status, stderr)| {
+            took += step.run(dir.path(), guard).map_err(|(status, stderr)| {
                 fail(FailureKind::Compile, step.shell_line(), status, stderr)
             })?;
         }
-        drop(scratch);
         let cmd = &link;
+        // Emptied, not removed (see `Scratch`): a later compile in this folder that claims
+        // success without writing its object then fails to link instead of linking this one.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&object)
+            .with_context(|| format!("cannot empty {}", object.display()))
+            .map_err(|e| store(cmd, e))?;
         let bytes = std::fs::read(&tmp)
             .with_context(|| format!("cannot read nvcc's output {}", tmp.display()))
             .map_err(|e| store(cmd, e))?;
@@ -627,8 +650,9 @@ impl<'m> Builder<'m> {
         }
         let entry = self
             .cache
-            .insert(&p.key, &p.inst.uri, tmp, &bytes)
+            .insert(&p.key, &p.inst.uri, &tmp, &bytes)
             .map_err(|e| store(cmd, e))?;
+        scratch.give(dir);
         Ok((entry, took))
     }
 
@@ -679,6 +703,37 @@ impl<'m> Builder<'m> {
             archs: b.archs.iter().flat_map(Arch::targets).collect(),
             runs_on: crate::arch::runs_on_all(&b.archs),
         }
+    }
+}
+
+/// Private folders under `<cache>/tmp` (`nvcc-job.*/`) for the compiles of one
+/// [`Builder::ensure_cached`]: nvcc's `TMPDIR`, the object and the `.so` until it is stored. One
+/// per compile in flight, handed from compile to compile and removed at the end (or on a
+/// failure). Not one per compile: on ext4 without a journal (this project's CI machines) every
+/// file or folder created scans the inodes freed in the last 5 to 10 s of its block group, so
+/// removing two per compile made each creation of a 10,000-instance build slower than the last.
+struct Scratch<'c> {
+    cache: &'c Cache,
+    free: Mutex<Vec<tempfile::TempDir>>,
+}
+
+impl<'c> Scratch<'c> {
+    fn new(cache: &'c Cache) -> Self {
+        Scratch {
+            cache,
+            free: Mutex::default(),
+        }
+    }
+
+    fn take(&self) -> Result<tempfile::TempDir> {
+        match self.free.lock().unwrap().pop() {
+            Some(d) => Ok(d),
+            None => self.cache.compile_dir("job"),
+        }
+    }
+
+    fn give(&self, dir: tempfile::TempDir) {
+        self.free.lock().unwrap().push(dir);
     }
 }
 

@@ -289,38 +289,21 @@ impl Cache {
         }
     }
 
-    /// A fresh private folder under `<cache>/tmp` for nvcc's temporary files (its `TMPDIR`) in
-    /// one compile, removed when dropped.
-    pub fn compile_dir(&self, uri: &str) -> Result<tempfile::TempDir> {
+    /// A fresh private folder `<cache>/tmp/nvcc-<name>.*/` (nvcc's files, the JIT's generated
+    /// header), removed when dropped.
+    pub fn compile_dir(&self, name: &str) -> Result<tempfile::TempDir> {
         let tmp = self.subdir("tmp")?;
         tempfile::Builder::new()
-            .prefix(&format!("nvcc-{uri}."))
+            .prefix(&format!("nvcc-{name}."))
             .tempdir_in(&tmp)
             .with_context(|| format!("cannot create a folder in {}", tmp.display()))
-    }
-
-    /// A fresh path under `<cache>/tmp` for nvcc to write the `.so` to.
-    pub fn temp_output(&self, uri: &str) -> Result<tempfile::TempPath> {
-        let tmp = self.subdir("tmp")?;
-        let file = tempfile::Builder::new()
-            .prefix(&format!("{uri}."))
-            .suffix(".so")
-            .tempfile_in(&tmp)
-            .with_context(|| format!("cannot create a temp file in {}", tmp.display()))?;
-        Ok(file.into_temp_path())
     }
 
     /// Publishes a finished `.so` whose bytes are `bytes` (already read and checked by the
     /// caller): the old record goes first, then the object and a new record each arrive by
     /// rename, so a reader never sees a record over the wrong object. Errors name the path and
     /// the OS error.
-    pub fn insert(
-        &self,
-        key: &str,
-        uri: &str,
-        built: tempfile::TempPath,
-        bytes: &[u8],
-    ) -> Result<Entry> {
+    pub fn insert(&self, key: &str, uri: &str, built: &Path, bytes: &[u8]) -> Result<Entry> {
         use sha2::{Digest, Sha256};
         use std::os::unix::fs::PermissionsExt;
         let so = self.object(key);
@@ -331,9 +314,9 @@ impl Cache {
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        std::fs::set_permissions(&built, std::fs::Permissions::from_mode(0o755))
+        std::fs::set_permissions(built, std::fs::Permissions::from_mode(0o755))
             .with_context(|| format!("cannot chmod {}", built.display()))?;
-        let meta = std::fs::symlink_metadata(&built)
+        let meta = std::fs::symlink_metadata(built)
             .with_context(|| format!("cannot stat {}", built.display()))?;
         if meta.len() != bytes.len() as u64 {
             anyhow::bail!("{} changed while it was being stored", built.display());
@@ -344,10 +327,8 @@ impl Cache {
             }
             _ => {}
         }
-        let from = built.to_path_buf();
-        built
-            .persist(&so)
-            .with_context(|| format!("cannot move {} to {}", from.display(), so.display()))?;
+        std::fs::rename(built, &so)
+            .with_context(|| format!("cannot move {} to {}", built.display(), so.display()))?;
         let entry = Entry {
             uri: uri.to_string(),
             sha256: format!("{:x}", Sha256::digest(bytes)),

@@ -22,17 +22,22 @@
 //! Each command is complete and standalone: the error shown on failure (`cd DIR && nvcc ...`),
 //! each entry of `compile_commands.json` and each edge of `build.ninja` reproduce one step alone.
 //!
-//! nvcc never outlives the build. It runs under a guard: the flashgen binary re-executed with
-//! [`GUARD_ARG`], leader of its own process group, holding the read end of a pipe whose write
-//! end only the build holds. However the build ends (exit, SIGINT, `kill -9`), the kernel closes
-//! that pipe, and the guard kills its process group: nvcc and everything nvcc started (cicc,
-//! ptxas, cudafe++, the host compiler), which inherit the group. A parent-death signal alone
-//! would reach nvcc but not its children.
+//! nvcc never outlives the build. Each build that compiles starts one guard ([`Guard`]): the
+//! flashgen binary re-executed with [`GUARD_ARG`], leader of a process group of its own, holding
+//! the read end of a pipe whose write end only the build holds. Every nvcc step is spawned into
+//! that group (`setpgid` in the child, before `exec`), and so is everything nvcc starts (cicc,
+//! ptxas, cudafe++, the host compiler, a launcher). However the build ends (exit, SIGINT,
+//! `kill -9`), the kernel closes the pipe, and the guard kills the group. A build that ends
+//! normally first tells the guard to leave without killing. A parent-death signal alone would
+//! reach nvcc but not its children. One guard per step (as before) cost a process start per
+//! step: 1.8 of the 3.1 ms of CPU per instance of a cold 10,000-instance build against an nvcc
+//! stand-in that costs nothing (BENCHMARKS.md, issue 9).
 
-use std::ffi::OsString;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -345,47 +350,33 @@ impl NvccCommand {
         self.launcher.iter().cloned().chain(self.argv())
     }
 
-    /// Runs the step under the guard, with `TMPDIR` set to `tmpdir` (a folder the build owns and
-    /// removes); on failure returns its status text and output.
-    pub fn run(&self, tmpdir: &Path) -> Result<Duration, (String, String)> {
+    /// Runs the step in `guard`'s process group, with `TMPDIR` set to `tmpdir` (a folder the
+    /// build owns and removes); on failure returns its status text and output.
+    pub fn run(&self, tmpdir: &Path, guard: &Guard) -> Result<Duration, (String, String)> {
         let start = Instant::now();
         if let (Some(root), Some(cwd)) = (&self.toolchain_root, &self.cwd) {
             link_toolchain(cwd, root)
                 .map_err(|e| (format!("could not start: {e:#}"), String::new()))?;
         }
-        let exe = std::env::current_exe().map_err(|e| {
-            (
-                format!("could not start: cannot locate flashgen: {e}"),
-                String::new(),
-            )
-        })?;
-        let mut cmd = Command::new(exe);
-        cmd.arg(GUARD_ARG)
-            .args(self.words())
+        let pgid = guard.alive().map_err(|why| (why, String::new()))?;
+        let words: Vec<String> = self.words().collect();
+        crate::ui::trace(&words);
+        let mut cmd = Command::new(&words[0]);
+        cmd.args(&words[1..])
             .env("TMPDIR", tmpdir)
-            .process_group(0)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .process_group(pgid)
+            .stdin(Stdio::null());
         if let Some(d) = &self.cwd {
             cmd.current_dir(d);
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return Err((format!("could not start: {e}"), String::new())),
-        };
-        // The lifeline: held open until nvcc is done (wait_with_output would close it first).
-        let lifeline = child.stdin.take();
-        let out = child.wait_with_output();
-        drop(lifeline);
-        match out {
+        match cmd.output() {
             Ok(out) if out.status.success() => Ok(start.elapsed()),
             Ok(out) => {
                 let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
                 text.push_str(&String::from_utf8_lossy(&out.stdout));
                 Err((out.status.to_string(), text))
             }
-            Err(e) => Err((format!("could not wait for nvcc: {e}"), String::new())),
+            Err(e) => Err((format!("could not start: {e}"), String::new())),
         }
     }
 }
@@ -421,56 +412,90 @@ fn ccbin(tc: &Toolchain) -> Vec<String> {
     }
 }
 
-/// The hidden first argument that runs the flashgen binary as an nvcc guard (see the module
-/// doc). A binary that builds through this library must call [`guard_main`] when it sees it.
+/// The hidden first argument that runs the flashgen binary as the build's nvcc guard (see the
+/// module doc). A binary that builds through this library must call [`guard_main`] when it sees
+/// it.
 pub const GUARD_ARG: &str = "__nvcc-guard";
 
-/// The guard: runs `args` (nvcc and its arguments) in this process group, kills the whole group
-/// when stdin reaches end of file (the build is gone), and exits as nvcc did.
-pub fn guard_main(args: Vec<OsString>) -> ! {
-    use std::io::Read;
-    use std::os::unix::process::ExitStatusExt;
-    let Some((program, rest)) = args.split_first() else {
-        eprintln!("flashgen {GUARD_ARG}: no program given");
-        std::process::exit(2);
-    };
-    let mut child = match Command::new(program)
-        .args(rest)
-        .stdin(Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot start {}: {e}", Path::new(program).display());
-            std::process::exit(127);
-        }
-    };
-    std::thread::spawn(|| {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
-        // SAFETY: kill(2) with pid 0 signals this process group, which the guard leads.
-        unsafe { libc::kill(0, libc::SIGKILL) };
-    });
-    match child.wait() {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => std::process::exit(code),
-            (None, Some(sig)) => {
-                // Die the same way, so the build reports nvcc's signal.
-                // SAFETY: resetting a signal to its default action and raising it.
-                unsafe {
-                    libc::signal(sig, libc::SIG_DFL);
-                    libc::raise(sig);
-                }
-                std::process::exit(128 + sig)
-            }
-            _ => std::process::exit(1),
-        },
-        Err(e) => {
-            eprintln!("cannot wait for {}: {e}", Path::new(program).display());
-            std::process::exit(1)
+/// What the build writes on the guard's pipe when it ends normally: leave, kill nothing.
+const GUARD_QUIT: u8 = b'q';
+
+/// The build's guard process, started when the first step is about to run. Every step runs in
+/// its process group; dropping it (all steps done) lets it exit without killing anything.
+pub struct Guard {
+    child: Mutex<Child>,
+    lifeline: Option<ChildStdin>,
+    pgid: i32,
+}
+
+impl Guard {
+    pub fn start() -> Result<Guard> {
+        use anyhow::Context;
+        let exe = std::env::current_exe().context("cannot locate flashgen to start its guard")?;
+        let mut child = Command::new(&exe)
+            .arg(GUARD_ARG)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start the nvcc guard {}", exe.display()))?;
+        let lifeline = child.stdin.take();
+        // The guard leads a group of its own, so its pid is that group's id.
+        let pgid = child.id() as i32;
+        Ok(Guard {
+            child: Mutex::new(child),
+            lifeline,
+            pgid,
+        })
+    }
+
+    /// The group to spawn a step into, while the guard still runs: without it a step would run
+    /// unguarded (and `setpgid` into a vanished group fails anyway).
+    fn alive(&self) -> Result<i32, String> {
+        match self.child.lock().unwrap().try_wait() {
+            Ok(None) => Ok(self.pgid),
+            Ok(Some(status)) => Err(format!(
+                "could not start: the nvcc guard (pid {}) is gone ({status})",
+                self.pgid
+            )),
+            Err(e) => Err(format!(
+                "could not start: cannot check the nvcc guard (pid {}): {e}",
+                self.pgid
+            )),
         }
     }
+}
+
+impl Drop for Guard {
+    /// Every step has been waited for: the guard leaves without killing, so what a step left
+    /// running on purpose (an sccache server that a compile started) outlives a build that ends
+    /// normally, as it outlives nvcc.
+    fn drop(&mut self) {
+        if let Some(mut lifeline) = self.lifeline.take() {
+            let _ = lifeline.write_all(&[GUARD_QUIT]);
+        }
+        let _ = self.child.get_mut().map(|c| c.wait());
+    }
+}
+
+/// The guard: waits on stdin, the build's pipe. [`GUARD_QUIT`] there: the build ended normally,
+/// exit. End of file first: the build is gone, however it died; kill the process group, every
+/// nvcc step and what it started, and the guard with them.
+pub fn guard_main() -> ! {
+    use std::io::Read;
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(n) if n > 0 && buf[..n].contains(&GUARD_QUIT) => std::process::exit(0),
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    // SAFETY: kill(2) with pid 0 signals this process group, which the guard leads.
+    unsafe { libc::kill(0, libc::SIGKILL) };
+    std::process::exit(1)
 }
 
 pub fn shell_quote(s: &str) -> String {

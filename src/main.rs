@@ -3,19 +3,14 @@
 use clap::Parser;
 
 fn main() {
-    // Hidden mode: this binary re-executed to guard one nvcc process group (see compile.rs).
-    let mut args = std::env::args_os().skip(1);
-    if args
-        .next()
+    // Hidden mode: this binary re-executed as a build's nvcc guard (see compile.rs).
+    if std::env::args_os()
+        .nth(1)
         .is_some_and(|a| a == flashgen::compile::GUARD_ARG)
     {
-        let args: Vec<_> = args.collect();
-        // `-v`: announce the command on the build's stderr (see ui.rs) before running it.
-        flashgen::ui::trace_to_inherited_fd(&args);
-        flashgen::compile::guard_main(args);
+        flashgen::compile::guard_main();
     }
     let cli = flashgen::cli::Cli::parse();
-    // Before any thread starts: this may change the environment the children inherit.
     flashgen::ui::set_verbose(cli.verbose);
     if let Err(err) = flashgen::commands::run(cli) {
         eprintln!("error: {err}");

@@ -106,31 +106,15 @@ impl Progress {
 
 // ---- `--verbose`: the commands flashgen runs -------------------------------------------------
 //
-// nvcc runs under the guard (`compile.rs`), whose stdout and stderr the build captures for its
-// failure report, so the guard cannot announce a command on its own stderr. `-v` therefore
-// hands every child a duplicate of the build's stderr (a descriptor without close-on-exec, its
-// number in `FLASHGEN_TRACE_FD`); the guard writes the exact argv it is about to exec there.
-// Every nvcc the build starts is announced this way, whichever code path starts it.
+// The build starts every nvcc step itself (in the guard's process group, see `compile.rs`), so
+// `-v` echoes each command on the build's stderr just before it starts, one line per
+// `eprintln!` (which holds the stderr lock), so lines of parallel compiles do not interleave.
 
 static VERBOSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Where a guard writes the command it runs; set only by a `-v` build, for its children.
-pub const TRACE_FD_VAR: &str = "FLASHGEN_TRACE_FD";
-
-/// Turns `-v` on or off for this process and its children. Call once, before any thread starts
-/// (it changes the environment). Off also drops an inherited trace descriptor, so a stray
-/// `FLASHGEN_TRACE_FD` never makes a guard write into some other program's file.
+/// Turns `-v` on or off for this process.
 pub fn set_verbose(on: bool) {
     VERBOSE.store(on, std::sync::atomic::Ordering::Relaxed);
-    if !on {
-        std::env::remove_var(TRACE_FD_VAR);
-        return;
-    }
-    // SAFETY: dup(2) of our own stderr; the new descriptor is deliberately left inheritable.
-    let fd = unsafe { libc::dup(2) };
-    if fd >= 0 {
-        std::env::set_var(TRACE_FD_VAR, fd.to_string());
-    }
 }
 
 pub fn verbose() -> bool {
@@ -142,28 +126,6 @@ pub fn trace(argv: &[String]) {
     if verbose() {
         eprintln!("+ {}", shell_words(argv));
     }
-}
-
-/// In a guard: `+ <command>` on the descriptor a `-v` build handed down, if any.
-pub fn trace_to_inherited_fd(argv: &[std::ffi::OsString]) {
-    use std::io::Write;
-    use std::os::fd::FromRawFd;
-    let Some(fd) = std::env::var(TRACE_FD_VAR)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-        .filter(|&fd| fd > 2)
-    else {
-        return;
-    };
-    let argv: Vec<String> = argv
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    // SAFETY: the descriptor was inherited from the build; ManuallyDrop leaves it open.
-    let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    // One write per line, so lines of parallel compiles do not interleave; a closed or foreign
-    // descriptor only loses the trace.
-    let _ = f.write_all(format!("+ {}\n", shell_words(&argv)).as_bytes());
 }
 
 /// A command as one line a shell reads back as the same argv.
