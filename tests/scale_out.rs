@@ -701,34 +701,57 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         ));
     }
 
-    let start = Instant::now();
-    let o = t
-        .cmd()
-        .envs(client.vars())
-        .env("FLASHGEN_CACHE_DIR", t.path("cache-dist"))
-        .args([
-            "build",
-            "--json",
-            "--jobs",
-            "2",
-            "--out",
-            "dist",
-            "--launcher",
-        ])
-        .arg(&sccache)
-        .args(&sel)
-        .output()
-        .unwrap();
-    let wall = start.elapsed();
-    assert!(
-        o.status.success(),
-        "{}\nserver log:\n{}",
-        stderr(&o),
-        server.log_tail()
-    );
-    let built = json(&o);
+    drop(client);
+
+    // One distributed build through a fresh client (its own sccache cache, so every compile
+    // misses locally) into a fresh flashgen cache and output folder. A second attempt is made
+    // only when sccache reports a distributed step that failed and fell back to a local compile:
+    // on a loaded 2-core machine the build server (bubblewrap, packaging the toolchain) has timed
+    // out on one step now and then; both attempts failing is a failure.
+    let attempt = |n: u32| {
+        let client = Sccache::start_with(
+            sccache.clone(),
+            t.path(&format!("sccache-{n}")),
+            t.path("client.conf"),
+        );
+        let out = format!("dist-{n}");
+        let start = Instant::now();
+        let o = t
+            .cmd()
+            .envs(client.vars())
+            .env("FLASHGEN_CACHE_DIR", t.path(&format!("cache-dist-{n}")))
+            .args([
+                "build",
+                "--json",
+                "--jobs",
+                "2",
+                "--out",
+                &out,
+                "--launcher",
+            ])
+            .arg(&sccache)
+            .args(&sel)
+            .output()
+            .unwrap();
+        let wall = start.elapsed();
+        assert!(
+            o.status.success(),
+            "{}\nserver log:\n{}",
+            stderr(&o),
+            server.log_tail()
+        );
+        (json(&o), client.stats(), wall, out)
+    };
+    let (mut built, mut stats, mut wall, mut out) = attempt(1);
+    if stats["stats"]["dist_errors"].as_u64() != Some(0) {
+        eprintln!(
+            "sccache-dist: attempt 1 had dist_errors {}; trying once more\nserver log:\n{}",
+            stats["stats"]["dist_errors"],
+            server.log_tail()
+        );
+        (built, stats, wall, out) = attempt(2);
+    }
     assert_eq!(built["built"], 3, "every instance compiled");
-    let stats = client.stats();
     let s = &stats["stats"];
     let distributed: u64 = s["dist_compiles"]
         .as_object()
@@ -767,7 +790,7 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         assert_eq!(rl["fingerprint"], rd["fingerprint"]);
         let uri = rl["uri"].as_str().unwrap();
         assert!(
-            read_so(&t.path("local"), uri) == read_so(&t.path("dist"), uri),
+            read_so(&t.path("local"), uri) == read_so(&t.path(&out), uri),
             "{uri}: the distributed build's bytes differ from the local build's"
         );
     }
