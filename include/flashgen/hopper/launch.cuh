@@ -114,6 +114,30 @@ inline int check_hopper(const char* what, const DeviceInfo& dev) {
   return FLASHGEN_OK;
 }
 
+/**
+ * The K and V tensor maps of a call over contiguous K/V (single, ragged): K from the keys the
+ * RoPE pre-pass rotated into the workspace (`rope_k`, [rows][heads][head_dim]) when RoPE is on,
+ * else from k with its strides; V from v. `rows` is at least 1: a map needs a non-empty tensor.
+ */
+template <typename Traits, int HEAD_DIM, int POS, typename DType, typename Params>
+inline int make_contiguous_kv_maps(const Params& p, const DType* rope_k, int64_t rows,
+                                   KVTensorMaps* maps, KVMapOrder* order_k, KVMapOrder* order_v) {
+  if constexpr (POS == prefill::kPosRopeLlama) {
+    if (int st = make_kv_map(&maps->k, order_k, rope_k, rows, p.num_kv_heads, HEAD_DIM,
+                             int64_t(p.num_kv_heads) * HEAD_DIM, int64_t(HEAD_DIM),
+                             Traits::kTileKV)) {
+      return st;
+    }
+  } else {
+    if (int st = make_kv_map(&maps->k, order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
+                             p.k_stride_h, Traits::kTileKV)) {
+      return st;
+    }
+  }
+  return make_kv_map(&maps->v, order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
+                     p.v_stride_h, Traits::kTileKV);
+}
+
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev,
                           cudaStream_t stream) {
@@ -144,31 +168,23 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   const int64_t rows = p.kv_len > 0 ? int64_t(p.kv_len) : 1;  // a map needs a non-empty tensor
   KVTensorMaps maps;
   KVMapOrder order_k, order_v;
+  const DType* rope_k = nullptr;
   if constexpr (POS == prefill::kPosRopeLlama) {
-    DType* rope_k = reinterpret_cast<DType*>(base + plan.ws.rope_off);
+    DType* rotated = reinterpret_cast<DType*>(base + plan.ws.rope_off);
+    rope_k = rotated;
     if (p.kv_len > 0) {
       const int64_t items = int64_t(p.kv_len) * p.num_kv_heads * (HEAD_DIM / 16);
       auto k = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
                                              typename Params::DTypeO>;
       if (int st = launch("single_prefill rope_k kernel", k, dim3(prefill::rope_blocks(items, dev)),
-                          prefill::kRopeThreads, 0, stream, false, p, rope_k, int64_t(p.kv_len))) {
+                          prefill::kRopeThreads, 0, stream, false, p, rotated, int64_t(p.kv_len))) {
         return st;
       }
       first = false;
     }
-    if (int st = make_kv_map(&maps.k, &order_k, static_cast<const DType*>(rope_k), rows,
-                             p.num_kv_heads, HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM,
-                             int64_t(HEAD_DIM), Traits::kTileKV)) {
-      return st;
-    }
-  } else {
-    if (int st = make_kv_map(&maps.k, &order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
-                             p.k_stride_h, Traits::kTileKV)) {
-      return st;
-    }
   }
-  if (int st = make_kv_map(&maps.v, &order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
-                           p.v_stride_h, Traits::kTileKV)) {
+  if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
+                                                              &order_v)) {
     return st;
   }
   prefill::Partials part{nullptr, nullptr};
@@ -257,31 +273,23 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
   KVTensorMaps maps;
   KVMapOrder order_k, order_v;
+  const DType* rope_k = nullptr;
   if constexpr (POS == prefill::kPosRopeLlama) {
-    DType* rope_k = reinterpret_cast<DType*>(base + L.rope_off);
+    DType* rotated = reinterpret_cast<DType*>(base + L.rope_off);
+    rope_k = rotated;
     if (kv_rows > 0) {
       const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
       auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
                                               typename Params::DTypeO>;
       if (int st = launch("batch_prefill (sm90) rope_k kernel", rk,
                           dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
-                          true, p, rope_k, kv_rows)) {
+                          true, p, rotated, kv_rows)) {
         return st;
       }
     }
-    if (int st = make_kv_map(&maps.k, &order_k, static_cast<const DType*>(rope_k), rows,
-                             p.num_kv_heads, HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM,
-                             int64_t(HEAD_DIM), Traits::kTileKV)) {
-      return st;
-    }
-  } else {
-    if (int st = make_kv_map(&maps.k, &order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
-                             p.k_stride_h, Traits::kTileKV)) {
-      return st;
-    }
   }
-  if (int st = make_kv_map(&maps.v, &order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
-                           p.v_stride_h, Traits::kTileKV)) {
+  if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
+                                                              &order_v)) {
     return st;
   }
   const prefill::Partials part{reinterpret_cast<float*>(base + L.part_o_off),
