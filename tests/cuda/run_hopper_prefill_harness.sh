@@ -8,7 +8,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="${1:-$ROOT/build/hopper}"
 CU="${NVCC:-$ROOT/.venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc}"
-[ -x "$CU" ] || CU=/work/main/.venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc
 LIB="$(dirname "$(dirname "$CU")")/lib"
 mkdir -p "$OUT"
 FLAGS=(-std=c++17 --expt-relaxed-constexpr -O3 -I"$ROOT/include" -Xptxas -v
