@@ -10,6 +10,7 @@ functions are thin layers over this module.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Mapping, Sequence
 
 from . import _cuda, _loader
@@ -185,24 +186,54 @@ def instance_for(what: str, module: str, params: dict[str, Any], custom: Variant
 
 class Workspaces:
     """Split-KV workspace, allocated once per (framework, device, stream) by the caller's
-    framework and grown when a call needs more."""
+    framework and grown when a call needs more.
+
+    A call holds its stream's workspace from taking it until its kernels are enqueued
+    (:meth:`acquire`, then release after the launch). Two reasons, both about threads that share a
+    stream: one call's kernels pass tables to each other through the workspace (a plan
+    kernel writes what the main kernel reads), so a second call's kernels enqueued between them
+    would overwrite those tables; and growing the buffer drops the old one, which the framework's
+    allocator may hand to the next allocation while another thread is about to launch on its
+    address. Once enqueued, the stream orders every later use of the same memory after them, so
+    the hold ends with the launch, not with the kernels.
+    """
 
     def __init__(self) -> None:
         self._bufs: dict[tuple[str, int, int], tuple[Any, int, int]] = {}
+        self._locks: dict[tuple[str, int, int], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
-    def get(self, fw: Framework, device: int, stream: int, nbytes: int, what: str) -> tuple[int, int]:
-        if nbytes <= 0:
-            return 0, 0
+    def _lock(self, key: tuple[str, int, int]) -> threading.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            with self._locks_lock:
+                lock = self._locks.setdefault(key, threading.Lock())
+        return lock
+
+    def acquire(self, fw: Framework, device: int, stream: int, nbytes: int,
+                what: str) -> tuple[threading.Lock, int, int]:
+        """Holds ``stream``'s workspace of at least ``nbytes`` (``nbytes`` > 0) for one launch:
+        returns the held lock, the address and the size; the caller releases the lock once its
+        kernels are enqueued (or the launch failed)."""
         key = (fw.name, device, stream)
-        cur = self._bufs.get(key)
-        if cur is not None and cur[2] >= nbytes:
-            return cur[1], cur[2]
-        size = max(nbytes, (cur[2] * 2) if cur else 0)
-        size = (size + (1 << 20) - 1) & ~((1 << 20) - 1)
-        buf = fw.empty((size,), "u8", device, what)
-        ptr = fw.describe(buf, "workspace").ptr
-        self._bufs[key] = (buf, ptr, size)
-        return ptr, size
+        lock = self._locks.get(key) or self._lock(key)
+        lock.acquire()
+        try:
+            cur = self._bufs.get(key)
+            if cur is None or cur[2] < nbytes:
+                size = max(nbytes, (cur[2] * 2) if cur else 0)
+                size = (size + (1 << 20) - 1) & ~((1 << 20) - 1)
+                buf = fw.empty((size,), "u8", device, what)
+                cur = self._bufs[key] = (buf, fw.describe(buf, "workspace").ptr, size)
+        except BaseException:
+            lock.release()
+            raise
+        return lock, cur[1], cur[2]
+
+    def clear(self) -> None:
+        with self._locks_lock:
+            self._bufs.clear()
+            self._locks.clear()
 
 
 WORKSPACES = Workspaces()
@@ -245,4 +276,4 @@ def _reset_for_tests() -> None:
     from . import _op
 
     _op._reset_for_tests()
-    WORKSPACES._bufs.clear()
+    WORKSPACES.clear()

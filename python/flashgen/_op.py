@@ -204,10 +204,6 @@ class Plan:
                                             lambda x, n: describe(x, f"{what}: {n}"))
             ap = _addressof(params)
         stream = self.stream(device)
-        if self.ws_bytes:
-            ws, ws_size = C.WORKSPACES.get(self.alloc, device, stream, self.ws_bytes, self.what)
-        else:
-            ws = ws_size = 0
         if out is None:
             out = self.alloc.empty(self.out_shape, self.dtype, device, self.what)
             o_ptr = self.ptr_of(out)
@@ -220,16 +216,24 @@ class Plan:
             a, addr = self.tls.s
         except AttributeError:
             a, addr = self._bind()
-        self.pack(a, 0, *ptrs, o_ptr, lse_ptr, stream, ap, ws, ws_size)
-        if self.guard:
-            pushed = _cuda.push_device(device)
-            try:
-                status = self.fn(addr)
-            finally:
-                if pushed:
-                    _cuda.pop_device()
+        if self.ws_bytes:
+            held, ws, ws_size = C.WORKSPACES.acquire(self.alloc, device, stream, self.ws_bytes, self.what)
         else:
-            status = self.fn(addr)
+            held, ws, ws_size = None, 0, 0
+        try:
+            self.pack(a, 0, *ptrs, o_ptr, lse_ptr, stream, ap, ws, ws_size)
+            if self.guard:
+                pushed = _cuda.push_device(device)
+                try:
+                    status = self.fn(addr)
+                finally:
+                    if pushed:
+                        _cuda.pop_device()
+            else:
+                status = self.fn(addr)
+        finally:
+            if held is not None:
+                held.release()  # enqueued: the stream orders any later use of the workspace
         if status:
             self._fail(status)
         del params  # the additional params are read during the call only

@@ -766,6 +766,76 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
     return torch
 
 
+def test_threads_on_one_stream_hold_its_workspace_until_their_kernels_are_enqueued(
+        fake_torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call's kernels pass tables to each other through the stream's workspace, and growing the
+    workspace drops the old buffer: a launch must have the buffer to itself, and alive, from taking
+    it until its entry point returns, however many threads share the stream."""
+    import threading
+    import weakref
+
+    from flashgen import _loader
+
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    alive: dict[int, Any] = {}  # address -> weak reference to the buffer allocated there
+    plain_empty = fake_torch.empty
+
+    def empty(shape: Any, dtype: Any, device: Any) -> Any:
+        t = plain_empty(shape, dtype, device)
+        alive[t.data_ptr()] = weakref.ref(t)
+        return t
+
+    fake_torch.empty = empty
+    # Longer kv, bigger workspace: calls of growing lengths make the buffer grow under the others.
+    monkeypatch.setattr(_common, "workspace_bytes", lambda what, loaded, module, fields: fields["kv_len"] << 16)
+    in_use: set[int] = set()
+    problems: list[str] = []
+    lock = threading.Lock()
+    load = _loader.load
+
+    def load_watched(*args: Any, **kw: Any) -> Any:
+        loaded = load(*args, **kw)
+        entry = loaded._kernels.entry
+
+        def watched_entry(module: str) -> Any:
+            fn, args_type = entry(module), _kernels.args_struct(module)
+
+            def watched(addr: int) -> int:
+                ws = args_type.from_address(addr).workspace
+                with lock:
+                    if ws in in_use:
+                        problems.append(f"two launches at once on the workspace at {ws:#x}")
+                    in_use.add(ws)
+                time.sleep(0.001)  # the C entry enqueueing its kernels
+                ref = alive.get(ws)
+                if ref is None or ref() is None:
+                    problems.append(f"the workspace at {ws:#x} was freed during a launch on it")
+                with lock:
+                    in_use.discard(ws)
+                return fn(addr)
+
+            return watched
+
+        loaded._kernels.entry = watched_entry
+        return loaded
+
+    monkeypatch.setattr(_loader, "load", load_watched)
+    q = T((32, 128), bf16)
+
+    def caller(i: int) -> None:
+        for n in range(12):
+            kv = 16 + 8 * n + i
+            flashgen.single_decode(q, T((kv, 8, 128), bf16), T((kv, 8, 128), bf16))
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(fake_torch.calls) == 72
+    assert problems == []
+
+
 def test_plans_launch_exactly_what_the_checked_path_does(fake_torch: Any) -> None:
     T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
     calls = fake_torch.calls
