@@ -5,10 +5,10 @@
 # PyTorch fp32 reference; the public API: precompiled, JIT, custom variant, cupy; prefill through
 # the API, whose instances the test compiles through the loader) and the benchmarks. Logs go to
 # $OUT (ZIGLANG: see the install below). Sections can be chosen: gpu_validate.sh WHEEL [build]
-# [tests] [prefill] [prefill-portable] [bench] [compile] (default: all; prefill runs the prefill
-# suite on the loader's backend choice, sm90 on Hopper, prefill-portable again on the portable
-# kernels; bench measures both backends; compile times one cold instance build of each family on
-# this machine).
+# [tests] [prefill] [prefill-portable] [bench] [loader] [compile] (default: all; prefill runs the
+# prefill suite on the loader's backend choice, sm90 on Hopper, prefill-portable again on the
+# portable kernels; bench measures both backends and the loader; loader measures the loader
+# alone; compile times one cold instance build of each family on this machine).
 #   bash benches/gpu_validate.sh dist/flashgen-*.whl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -82,6 +82,8 @@ if want bench; then
       > "$OUT/bench_prefill_$b.log" 2>&1
     echo "bench_prefill --backend $b rc=$?"; tail -22 "$OUT/bench_prefill_$b.log"
   done
+fi
+if want bench || want loader; then
   timeout 120 python3 benches/bench_loader.py startup overhead > "$OUT/bench_loader.log" 2>&1
   echo "bench_loader rc=$?"; tail -6 "$OUT/bench_loader.log"
 fi

@@ -950,6 +950,43 @@ def test_batch_mixing_1_token_and_100k_token_requests(case: dict[str, Any]) -> N
     check_batch(case, out, lse, q, lens, per, params, q_off, k_off, sample=128)
 
 
+# ---------------------------------------------------------------- threads sharing a stream
+
+def test_threads_sharing_a_stream_get_the_results_of_calls_made_alone() -> None:
+    """Eight threads on the default stream (as the JIT warm-up's threads are), each repeating its
+    own ragged batch: one call's kernels pass tables to each other through the stream's workspace,
+    which starts empty here and grows under the threads, so a call whose kernels interleaved
+    with another's, or that launched on a freed workspace, would differ from the same call made
+    alone (or fault). Same plan, same inputs: results must be bitwise equal."""
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    dt, d, hq = "bf16", 128, HKV * 4
+    calls = []
+    for i in range(8):
+        lens = [(1 + 37 * i, 200 + 900 * i), (3, 4097 + 512 * i), (129, 129 + i), (0, 7)]
+        q = rand((sum(a for a, _ in lens), hq, d), dt, gen)
+        k, v, kv_indptr, _ = make_ragged([b for _, b in lens], HKV, d, "NHD", dt, gen)
+        calls.append((q, indptr([a for a, _ in lens]), k, v, kv_indptr))
+
+    def call(i: int) -> tuple[Any, Any]:
+        return flashgen.batch_prefill(*calls[i], causal=True, return_lse=True, backend=TEST_BACKEND)
+
+    alone = [call(i) for i in range(len(calls))]
+    torch.cuda.synchronize()
+    flashgen._common.WORKSPACES.clear()  # the threads start from no workspace and grow it
+    results: list[list[tuple[Any, Any]]] = [[] for _ in calls]
+
+    def worker(i: int) -> None:
+        for _ in range(12):
+            results[i].append(call(i))
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as ex:
+        list(ex.map(worker, range(len(calls))))
+    torch.cuda.synchronize()
+    for i, (o, lse) in enumerate(alone):
+        for n, (o2, lse2) in enumerate(results[i]):
+            assert torch.equal(o2, o) and torch.equal(lse2, lse), f"thread {i}, call {n}: differs from the call alone"
+
+
 # ---------------------------------------------------------------- strided inputs, out=, returns
 
 def test_strided_inputs_and_out() -> None:
