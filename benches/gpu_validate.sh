@@ -8,7 +8,8 @@
 # [tests] [prefill] [prefill-portable] [bench] [loader] [compile] (default: all; prefill runs the
 # prefill suite on the loader's backend choice, sm90 on Hopper, prefill-portable again on the
 # portable kernels; bench measures both backends and the loader; loader measures the loader
-# alone; compile times one cold instance build of each family on this machine).
+# alone; compile times one cold instance build of each family on this machine). PREFILL_TIMEOUT:
+# the prefill sections' limit in seconds (default 300).
 #   bash benches/gpu_validate.sh dist/flashgen-*.whl
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -63,14 +64,14 @@ fi
 
 if want prefill; then
   t0=$(date +%s)
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_prefill_gpu.py \
+  timeout "${PREFILL_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_prefill_gpu.py \
     > "$OUT/pytest_prefill.log" 2>&1
   echo "pytest (prefill) rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_prefill.log" | tail -12
 fi
 if want prefill-portable; then
   t0=$(date +%s)
-  FLASHGEN_TEST_BACKEND=portable timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+  FLASHGEN_TEST_BACKEND=portable timeout "${PREFILL_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rs \
     tests/python/test_prefill_gpu.py > "$OUT/pytest_prefill_portable.log" 2>&1
   echo "pytest (prefill, FLASHGEN_TEST_BACKEND=portable) rc=$? in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_prefill_portable.log" | tail -12
