@@ -117,18 +117,32 @@ class Matrix:
                 tuple(Backend(b["name"], _tuple_or_none(b.get("arch_limit")),
                               _tuple_or_none(b.get("runs_on"))) for b in table.get("order", ())),
             )
-        self.instances: list[Instance] = []
-        self._index: dict[tuple[str, tuple[Any, ...]], Instance] = {}
-        for raw in data.get("instances", ()):
-            inst = Instance(
-                raw["uri"], raw["module"], dict(raw["params"]), dict(raw.get("codes", {})),
-                bool(raw.get("aot", False)), _tuple_or_none(raw.get("arch_limit")),
-            )
-            self.instances.append(inst)
-            module = self.modules.get(inst.module)
-            if module is not None:
-                key = tuple(_norm(inst.params.get(a.name)) for a in module.axes)
-                self._index[(inst.module, key)] = inst
+        # Instances are made, and indexed per module, when first asked for: the matrix holds
+        # hundreds of them and a process usually calls a few modules (import to first kernel).
+        self._raw: list[Mapping[str, Any]] = list(data.get("instances", ()))
+        self._raw_by_module: dict[str, list[Mapping[str, Any]]] = {}
+        for raw in self._raw:
+            self._raw_by_module.setdefault(raw["module"], []).append(raw)
+        self._indexes: dict[str, dict[tuple[Any, ...], Instance]] = {}
+        self._instances: list[Instance] | None = None
+
+    @property
+    def instances(self) -> list[Instance]:
+        """Every instance, in ``describe``'s order."""
+        if self._instances is None:
+            self._instances = [_instance(raw) for raw in self._raw]
+        return self._instances
+
+    def _index(self, module: str) -> dict[tuple[Any, ...], Instance]:
+        index = self._indexes.get(module)
+        if index is None:
+            axes = self.modules[module].axes
+            index = {}
+            for raw in self._raw_by_module.get(module, ()):
+                inst = _instance(raw)
+                index[tuple(_norm(inst.params.get(a.name)) for a in axes)] = inst
+            self._indexes[module] = index
+        return index
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -143,7 +157,7 @@ class Matrix:
     def lookup(self, module: str, params: Mapping[str, Any]) -> Instance | None:
         """The instance with exactly these params (axis -> value), or None. No validation."""
         mod = self.modules[module]
-        return self._index.get((module, tuple(_norm(params.get(a.name)) for a in mod.axes)))
+        return self._index(module).get(tuple(_norm(params.get(a.name)) for a in mod.axes))
 
     def find(self, module: str, params: Mapping[str, Any], *, what: str | None = None) -> Instance:
         """The instance with these params, or a ValueError naming the values that do exist."""
@@ -264,6 +278,11 @@ class Matrix:
             self.lookup(module, {**params, **{a.name: v for a, v in zip(free, values)}}) is not None
             for values in itertools.product(*(a.values for a in free))
         )
+
+
+def _instance(raw: Mapping[str, Any]) -> Instance:
+    return Instance(raw["uri"], raw["module"], dict(raw["params"]), dict(raw.get("codes", {})),
+                    bool(raw.get("aot", False)), _tuple_or_none(raw.get("arch_limit")))
 
 
 def _tuple_or_none(value: Any) -> Any:
