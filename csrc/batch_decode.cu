@@ -23,6 +23,23 @@
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
+// Kernels stay out of the anonymous namespace below: nvcc names an anonymous namespace after a
+// hash of the source file's real path, and a kernel's name is in the .so (its cubin and its
+// registration), so the bytes would depend on where the sources are, and a JIT build from the
+// installed wheel's sources would differ from the wheel's own instance.
+namespace flashgen {
+namespace decode {
+
+/** qo_indptr of one query per request: 0, 1, ..., batch. */
+__global__ void one_query_each(int32_t* qo_indptr, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    qo_indptr[i] = static_cast<int32_t>(i);
+  }
+}
+
+}  // namespace decode
+}  // namespace flashgen
+
 namespace {
 
 using namespace flashgen;
@@ -62,13 +79,6 @@ int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) 
                 static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
   }
   return FLASHGEN_OK;
-}
-
-/** qo_indptr of one query per request: 0, 1, ..., batch. */
-__global__ void one_query_each(int32_t* qo_indptr, uint32_t n) {
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    qo_indptr[i] = static_cast<int32_t>(i);
-  }
 }
 
 /** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own. */
@@ -123,7 +133,7 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   p.rope_theta = a.rope_theta;
   const auto stream = static_cast<cudaStream_t>(a.stream);
   const uint32_t n = static_cast<uint32_t>(a.batch_size + 1);
-  if (int st = launch("batch_decode qo_indptr kernel", one_query_each, dim3((n + 255) / 256), 256,
+  if (int st = launch("batch_decode qo_indptr kernel", decode::one_query_each, dim3((n + 255) / 256), 256,
                       0, stream, false, indptr, n)) {
     return st;
   }

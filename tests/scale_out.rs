@@ -132,6 +132,72 @@ fn so_bytes_do_not_depend_on_where_the_toolchain_is_installed() {
     assert!(text.contains("-L .cuda/lib"), "nvlink's options changed");
 }
 
+/// The project's own modules, one instance each (sm_90a, both backends among them), built from
+/// two copies of the sources at different paths give the same bytes, so an instance the JIT
+/// builds from an installed wheel's `_src/` equals the one the wheel ships. What this guards:
+/// nvcc names an anonymous namespace after a hash of the source file's real path, and a kernel's
+/// name is in the `.so`, so a kernel in an anonymous namespace made batch_decode's bytes depend
+/// on the checkout's path.
+#[test]
+fn so_bytes_do_not_depend_on_where_the_sources_are() {
+    let _shared = shared();
+    let nvcc = project_nvcc().expect("the project venv's nvcc");
+    let top = tempfile::tempdir().unwrap();
+    const COMMON: [&str; 4] = [
+        "dtype=bf16",
+        "head_dim=128",
+        "pos_encoding=none",
+        "variant=default",
+    ];
+    let modules: [(&str, &[&str]); 5] = [
+        ("single_decode", &[]),
+        ("batch_decode", &["page_size=16"]),
+        ("single_prefill", &["mask=causal", "backend=portable"]),
+        ("batch_prefill_ragged", &["mask=causal", "backend=sm90"]),
+        (
+            "batch_prefill_paged",
+            &["mask=causal", "page_size=16", "backend=portable"],
+        ),
+    ];
+    let build = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(repo().join("variants.json"), dir.join("variants.json")).unwrap();
+        copy_dir(&repo().join("csrc"), &dir.join("csrc"));
+        copy_dir(&repo().join("include"), &dir.join("include"));
+        let mut built = Vec::new();
+        for (module, terms) in modules {
+            let o = assert_cmd::Command::cargo_bin("flashgen")
+                .unwrap()
+                .current_dir(dir)
+                .env("FLASHGEN_CACHE_DIR", dir.join(".cache"))
+                .env("FLASHGEN_NVCC", &nvcc)
+                .env_remove("FLASHGEN_MANYLINUX")
+                .args(["build", "--json", "--no-compress", "--out", "out"])
+                .args(["--arch", "9.0a", "--module", module])
+                .args(wheres(&COMMON))
+                .args(wheres(terms))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{module}: {}", stderr(&o));
+            let b = json(&o);
+            assert_eq!(b["built"], 1, "{module}: {b}");
+            let path = b["instances"][0]["path"].as_str().unwrap().to_string();
+            built.push((module.to_string(), std::fs::read(&path).unwrap()));
+        }
+        built
+    };
+    let here = build(&top.path().join("checkout"));
+    let there = build(&top.path().join("site packages/flashgen/_src"));
+    for ((module, a), (_, b)) in here.iter().zip(&there) {
+        assert!(a == b, "{module}: the .so depends on where the sources are");
+        let text = String::from_utf8_lossy(a);
+        assert!(
+            !text.contains("_GLOBAL__N_"),
+            "{module}: a name in the .so is in an anonymous namespace (nvcc hashes the source's path into it)"
+        );
+    }
+}
+
 #[test]
 fn a_failing_compile_prints_the_step_alone() {
     let _shared = shared();
