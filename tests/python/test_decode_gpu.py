@@ -477,7 +477,12 @@ def test_errors_are_statuses_not_crashes():
     call()  # still works after the failures
     torch.cuda.synchronize()
     q_codes = [codes["dtype"], 128, codes["pos_encoding"], codes["variant"]]
-    assert lib.query("single_decode", q_codes) == "dtype=bf16 head_dim=128 pos_encoding=none variant=default"
+    want = "dtype=bf16 head_dim=128 pos_encoding=none variant=default"
+    tail = []
+    if "backend" in codes:  # the backend axis is the last one
+        tail = [codes["backend"]]
+        want += f" backend={backend_for('single_decode')}"
+    assert lib.query("single_decode", q_codes + tail) == want
     with pytest.raises(FlashgenError) as e:
-        lib.query("single_decode", [codes["dtype"], 64, codes["pos_encoding"], codes["variant"]])
+        lib.query("single_decode", [codes["dtype"], 64, codes["pos_encoding"], codes["variant"]] + tail)
     assert e.value.status == 2
