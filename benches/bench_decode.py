@@ -165,6 +165,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="flashgen default rows only")
     ap.add_argument("--profile", action="store_true", help="per-kernel times (torch.profiler)")
     ap.add_argument("--single-only", action="store_true", help="single_decode rows only")
+    ap.add_argument("--backend", default=None,
+                    help="single_decode's backend (default: sm90 on compute capability 9.x, else "
+                         "portable)")
     a = ap.parse_args()
     libs = load(a.so_dir)
     timer = Timer(a.iters)
@@ -222,7 +225,12 @@ def main():
         del setup, keep
         torch.cuda.empty_cache()
 
-    lib, codes = instance(libs, "single_decode", dtype="bf16", head_dim=D, variant="default")
+    sd = {}
+    if any(ax["type"] == "backend" for ax in MATRIX["modules"]["single_decode"]["axes"]):
+        sd["backend"] = a.backend or ("sm90" if torch.cuda.get_device_capability()[0] == 9
+                                      else "portable")
+    lib, codes = instance(libs, "single_decode", dtype="bf16", head_dim=D, variant="default", **sd)
+    tag = f" [{sd['backend']}]" if sd else ""
     for kv_len, goal in ((32768, "> 3.8 TB/s"), (1024, "< 8 us")):
         q = torch.randn(HQ, D, device=DEV, dtype=DT)
         k = torch.randn(kv_len, HKV, D, device=DEV, dtype=DT)
@@ -230,7 +238,7 @@ def main():
         o = torch.empty_like(q)
         ws_bytes = lib.workspace_size("single_decode", SingleDecodeArgs(
             num_qo_heads=HQ, num_kv_heads=HKV, kv_len=kv_len, head_dim=D, dtype_code=codes["dtype"],
-            variant_code=codes["variant"]))
+            variant_code=codes["variant"], backend_code=codes.get("backend", 0)))
         ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
         stream = torch.cuda.current_stream().cuda_stream
         args = SingleDecodeArgs(
@@ -239,10 +247,10 @@ def main():
             workspace_bytes=ws_bytes, num_qo_heads=HQ, num_kv_heads=HKV, kv_len=kv_len,
             head_dim=D, q_stride_h=D, k_stride_n=HKV * D, k_stride_h=D, v_stride_n=HKV * D,
             v_stride_h=D, o_stride_h=D, dtype_code=codes["dtype"], variant_code=codes["variant"],
-            sm_scale=1 / math.sqrt(D))
+            backend_code=codes.get("backend", 0), sm_scale=1 / math.sqrt(D))
         f, addr = lib.single_decode, ctypes.addressof(args)
         nbytes = 2 * q.numel() * 2 + 2 * k.numel() * 2
-        row(f"single_decode {kv_len} default", timer(lambda: f(addr)), nbytes, goal)
+        row(f"single_decode {kv_len} default{tag}", timer(lambda: f(addr)), nbytes, goal)
         if a.profile:
             profile_kernels(lambda: f(addr), timer)
         if a.quick:

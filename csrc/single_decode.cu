@@ -6,7 +6,11 @@
  *
  * With pos_encoding=rope_llama the call is a one-query prefill (include/flashgen/prefill/): the
  * same kernels, positions and RoPE as single_prefill, so a decode step and a prefill of a RoPE
- * model agree by construction.
+ * model agree by construction (on both backends: the sm90 backend takes the portable path there).
+ *
+ * Backend axis (variants.json): portable = decode/kernel.cuh + merge.cuh; sm90 (built for 9.0a
+ * only) = hopper/decode.cuh (bulk tensor copies into an mbarrier ring, split-KV merged inside a
+ * thread-block cluster).
  */
 #include <flashgen_instance.cuh>
 
@@ -20,6 +24,9 @@
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/status.cuh"
+#if FLASHGEN_BACKEND_sm90
+#include "flashgen/hopper/decode.cuh"
+#endif
 
 FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
@@ -96,11 +103,86 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
                                                  static_cast<cudaStream_t>(a.stream));
 }
 
-template <typename DType, int HEAD_DIM, typename Tag>
+/**
+ * The implementation behind each value of the backend axis, as in single_prefill.cu: the Hopper
+ * one exists only in binaries built for sm_90a alone.
+ */
+template <int BACKEND>
+struct Impl;
+
+template <>
+struct Impl<FLASHGEN_CODE_backend_portable> {
+  template <int HEAD_DIM>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    Plan plan;
+    make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
+    return plan.workspace;
+  }
+  template <int HEAD_DIM, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    using Traits = decode::DecodeTraits<HEAD_DIM>;
+    using DType = typename Params::DTypeO;
+    Plan plan;
+    make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
+    float* part_o = nullptr;
+    float* part_w = nullptr;
+    if (plan.workspace > 0) {
+      if (a.workspace == nullptr || a.workspace_bytes < plan.workspace ||
+          !aligned16(a.workspace)) {
+        return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                    "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at "
+                    "%p (ask flashgen_single_decode_workspace_size on the same device)",
+                    static_cast<long long>(plan.workspace),
+                    static_cast<long long>(a.workspace_bytes), a.workspace);
+      }
+      part_o = static_cast<float*>(a.workspace);
+      part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
+    }
+
+    auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
+    static std::atomic<uint64_t> smem_done{0};
+    if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
+    const dim3 grid(static_cast<uint32_t>(plan.splits),
+                    static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
+    const auto stream = static_cast<cudaStream_t>(a.stream);
+    if (int st = ::flashgen::launch("single_decode kernel", kernel, grid, Traits::kThreads,
+                        Traits::kSmemBytes, stream, false, p, part_o, part_w,
+                        static_cast<uint32_t>(plan.chunk),
+                        static_cast<uint32_t>(plan.head_slices))) {
+      return st;
+    }
+    if (plan.splits > 1) {
+      decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
+      return ::flashgen::launch(
+          "single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
+          dim3(p.num_qo_heads), decode::kMergeThreads, 0, stream, dev.major >= 9, p,
+          static_cast<const float*>(part_o), static_cast<const float*>(part_w),
+          static_cast<uint32_t>(plan.splits), out);
+    }
+    return FLASHGEN_OK;
+  }
+};
+
+#if FLASHGEN_BACKEND_sm90
+template <>
+struct Impl<FLASHGEN_CODE_backend_sm90> {
+  template <int HEAD_DIM>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    return hopper::single_decode_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev)
+        .workspace;
+  }
+  template <int HEAD_DIM, typename Variant, typename Params>
+  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
+    return hopper::launch_single_decode<HEAD_DIM, Variant>(p, a.workspace, a.workspace_bytes, dev,
+                                                           static_cast<cudaStream_t>(a.stream));
+  }
+};
+#endif
+
+template <typename DType, int HEAD_DIM, typename Tag, int BACKEND>
 int run(const Args& a, const DeviceInfo& dev) {
   using Params = SingleDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
-  using Traits = decode::DecodeTraits<HEAD_DIM>;
 
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
@@ -119,42 +201,7 @@ int run(const Args& a, const DeviceInfo& dev) {
   p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.kv_len = static_cast<uint32_t>(a.kv_len);
   p.sm_scale = a.sm_scale;
-
-  Plan plan;
-  make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
-  float* part_o = nullptr;
-  float* part_w = nullptr;
-  if (plan.workspace > 0) {
-    if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
-      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
-                  "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
-                  "(ask flashgen_single_decode_workspace_size on the same device)",
-                  static_cast<long long>(plan.workspace),
-                  static_cast<long long>(a.workspace_bytes), a.workspace);
-    }
-    part_o = static_cast<float*>(a.workspace);
-    part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
-  }
-
-  auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
-  static std::atomic<uint64_t> smem_done{0};
-  if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
-  const dim3 grid(static_cast<uint32_t>(plan.splits),
-                  static_cast<uint32_t>(a.num_kv_heads * plan.head_slices));
-  const auto stream = static_cast<cudaStream_t>(a.stream);
-  if (int st = launch("single_decode kernel", kernel, grid, Traits::kThreads, Traits::kSmemBytes,
-                      stream, false, p, part_o, part_w, static_cast<uint32_t>(plan.chunk),
-                      static_cast<uint32_t>(plan.head_slices))) {
-    return st;
-  }
-  if (plan.splits > 1) {
-    decode::MergeOutput<DType> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
-    return launch("single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
-                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, stream, dev.major >= 9, p,
-                  static_cast<const float*>(part_o), static_cast<const float*>(part_w),
-                  static_cast<uint32_t>(plan.splits), out);
-  }
-  return FLASHGEN_OK;
+  return Impl<BACKEND>::template launch<HEAD_DIM, Variant>(p, a, dev);
 }
 
 }  // namespace
@@ -174,9 +221,7 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* ar
       *bytes = prefill::single_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
           1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
     } else {
-      Plan plan;
-      make_plan<FG_head_dim>(num_qo_heads, num_kv_heads, kv_len, dev, &plan);
-      *bytes = plan.workspace;
+      *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim>(*args, dev);
     }
   });
   return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
@@ -204,7 +249,7 @@ extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
     if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
       status = run_rope<FG_dtype, FG_head_dim, FG_variant>(a, dev);
     } else {
-      status = run<FG_dtype, FG_head_dim, FG_variant>(a, dev);
+      status = run<FG_dtype, FG_head_dim, FG_variant, FG_backend>(a, dev);
     }
   });
   return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON_SRC = REPO / "python"
 # The small wheel CI builds: one instance, one arch.
 SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
-                    "--where", "head_dim=128", "--where", "pos_encoding=none", "--where", "variant=default"]
+                    "--where", "head_dim=128", "--where", "pos_encoding=none", "--where", "variant=default",
+                    "--where", "backend=portable"]  # one instance (single_decode has two backends)
 
 def _installed_elsewhere() -> bool:
     """A flashgen already importable from outside this checkout (a wheel on PYTHONPATH, as on

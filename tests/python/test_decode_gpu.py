@@ -49,6 +49,29 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDOFF = {"f16": 2.0 ** -10, "bf16": 2.0 ** -8}
 LSE_ATOL = 5e-5
 ERRLOG = os.environ.get("FLASHGEN_TEST_ERRLOG")
+# A module with a backend axis (single_decode) runs on this backend: FLASHGEN_TEST_BACKEND, else
+# the first of the axis's values (the declared order of preference) built for this GPU's arch.
+TEST_BACKEND = os.environ.get("FLASHGEN_TEST_BACKEND") or None
+
+
+def _backend_axis(module):
+    return next((a for a in MATRIX["modules"][module]["axes"] if a["type"] == "backend"), None)
+
+
+@lru_cache(maxsize=None)
+def backend_for(module):
+    """The backend a module's calls take here, or None for a module with one implementation."""
+    axis = _backend_axis(module)
+    if axis is None:
+        return None
+    if TEST_BACKEND:
+        return TEST_BACKEND
+    major, minor = torch.cuda.get_device_capability(0)
+    for value in axis["values"]:
+        archs = axis.get("archs", {}).get(value)
+        if archs is None or any(a.rstrip("a") == f"{major}.{minor}" for a in archs):
+            return value
+    pytest.fail(f"{module}: no backend of {axis['values']} runs on compute capability {major}.{minor}")
 
 # ---------------------------------------------------------------- case matrix (plain functions)
 
@@ -198,6 +221,9 @@ def instance(module, **params):
 
 def find_instance(module, **params):
     params.setdefault("pos_encoding", "none")  # RoPE decode is tested through the API (test_prefill_gpu)
+    backend = backend_for(module)
+    if backend is not None:
+        params.setdefault("backend", backend)
     return instance(module, **params)
 
 
@@ -240,7 +266,8 @@ def run_single(lib, codes, q, k, v, layout, variant, sm_scale, params, with_lse=
         num_qo_heads=num_heads,
         num_kv_heads=num_kv_heads, kv_len=kv_len, head_dim=head_dim, q_stride_h=q.stride(0),
         k_stride_n=ksn, k_stride_h=ksh, v_stride_n=vsn, v_stride_h=vsh, o_stride_h=o.stride(0),
-        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale)
+        dtype_code=codes["dtype"], variant_code=codes["variant"],
+        backend_code=codes.get("backend", 0), sm_scale=sm_scale)
     ws_bytes = lib.workspace_size("single_decode", args)
     ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     args.workspace, args.workspace_bytes = ws.data_ptr(), ws_bytes
@@ -396,7 +423,7 @@ def test_single_decode_reuses_one_workspace(variant):
     hkv, h, d = 2, 8, 128
     sizes = {n: lib.workspace_size("single_decode", SingleDecodeArgs(
         num_qo_heads=h, num_kv_heads=hkv, kv_len=n, head_dim=d, dtype_code=codes["dtype"],
-        variant_code=codes["variant"])) for n in (32768, 1000, 129)}
+        variant_code=codes["variant"], backend_code=codes.get("backend", 0))) for n in (32768, 1000, 129)}
     ws = torch.full((max(sizes.values()),), 255, dtype=torch.uint8, device=dev)
     for i, n in enumerate([32768, 32768, 1000, 32768, 129, 1000]):
         q = torch.randn(h, d, generator=gen, device=dev).to(torch.bfloat16)
@@ -413,7 +440,7 @@ def test_single_decode_reuses_one_workspace(variant):
             kv_len=n, head_dim=d, q_stride_h=q.stride(0), k_stride_n=k.stride(0),
             k_stride_h=k.stride(1), v_stride_n=v.stride(0), v_stride_h=v.stride(1),
             o_stride_h=o.stride(0), dtype_code=codes["dtype"], variant_code=codes["variant"],
-            sm_scale=1 / math.sqrt(d)))
+            backend_code=codes.get("backend", 0), sm_scale=1 / math.sqrt(d)))
         ref_o, ref_lse, n_eff = reference_decode(q, k, v, variant, 1 / math.sqrt(d), params)
         check(o, lse, ref_o, ref_lse, n_eff, "bf16", f"reuse {variant} call {i} n={n}")
 
@@ -430,7 +457,8 @@ def test_errors_are_statuses_not_crashes():
         a = dict(q=q.data_ptr(), k=k.data_ptr(), v=k.data_ptr(), o=o.data_ptr(), lse=None,
                  num_qo_heads=8, num_kv_heads=2, kv_len=60, head_dim=128, q_stride_h=128,
                  k_stride_n=256, k_stride_h=128, v_stride_n=256, v_stride_h=128, o_stride_h=128,
-                 dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=0.1,
+                 dtype_code=codes["dtype"], variant_code=codes["variant"],
+                 backend_code=codes.get("backend", 0), sm_scale=0.1,
                  additional_params=None, workspace=None, workspace_bytes=0, stream=stream)
         a.update(kw)
         lib.single_decode(SingleDecodeArgs(**a))
@@ -449,7 +477,12 @@ def test_errors_are_statuses_not_crashes():
     call()  # still works after the failures
     torch.cuda.synchronize()
     q_codes = [codes["dtype"], 128, codes["pos_encoding"], codes["variant"]]
-    assert lib.query("single_decode", q_codes) == "dtype=bf16 head_dim=128 pos_encoding=none variant=default"
+    want = "dtype=bf16 head_dim=128 pos_encoding=none variant=default"
+    tail = []
+    if "backend" in codes:  # the backend axis is the last one
+        tail = [codes["backend"]]
+        want += f" backend={backend_for('single_decode')}"
+    assert lib.query("single_decode", q_codes + tail) == want
     with pytest.raises(FlashgenError) as e:
-        lib.query("single_decode", [codes["dtype"], 64, codes["pos_encoding"], codes["variant"]])
+        lib.query("single_decode", [codes["dtype"], 64, codes["pos_encoding"], codes["variant"]] + tail)
     assert e.value.status == 2

@@ -325,7 +325,10 @@ def test_list_variants_selects_with_the_clis_own_filter(flashgen_bin: Path, monk
                                                       "head_dim=128", "--where", "variant=s*")
     assert all(set(r) == {"uri", "module", "params", "codes", "aot", "backend", "arch_limit", "precompiled"}
                for r in sd)
-    assert all(r["backend"] is None and r["arch_limit"] is None for r in sd), "no backend axis there"
+    assert {r["backend"] for r in sd} == {"sm90", "portable"}, "single_decode's backend axis"
+    assert all(r["arch_limit"] == (["9.0a"] if r["backend"] == "sm90" else None) for r in sd)
+    bd = flashgen.list_variants("batch_decode", head_dim=128, variant="s*")
+    assert bd and all(r["backend"] is None and r["arch_limit"] is None for r in bd), "no backend axis there"
     # Globs the CLI's matcher reads its own way ({a,b} alternation) mean the same from Python.
     alt = flashgen.list_variants(head_dim="{64,256}", page_size=1)
     assert alt and [r["uri"] for r in alt] == _cli_uris(flashgen_bin, "--where", "head_dim={64,256}",
@@ -334,7 +337,7 @@ def test_list_variants_selects_with_the_clis_own_filter(flashgen_bin: Path, monk
     with pytest.raises(ValueError, match="unknown axis `heads`"):
         flashgen.list_variants(heads=3)
     assert flashgen.is_precompiled("single_decode", dtype="bf16", head_dim=128, pos_encoding="none",
-                                   variant="default") is False
+                                   variant="default", backend="portable") is False
     with pytest.raises(ValueError, match="no value given for axis pos_encoding, variant"):
         flashgen.is_precompiled("single_decode", dtype="bf16", head_dim=128)
     with pytest.raises(ValueError, match="unknown module 'prefill'"):
@@ -369,7 +372,10 @@ DEVICE = {"FLASHGEN_DEVICE_CC": "9.0"}  # the CI wheel is built for sm_90a: an H
 
 
 def _aot_instance(manifest: dict[str, Any]) -> dict[str, Any]:
-    return next(i for i in manifest["instances"] if i["module"] == "single_decode")
+    """The wheel's portable single_decode instance (no arch limit of its own; the wheel also holds
+    the sm90 one, which only 9.0a devices take)."""
+    return next(i for i in manifest["instances"]
+                if i["module"] == "single_decode" and i["params"].get("backend", "portable") == "portable")
 
 
 def _missing_instance(installed: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -444,7 +450,7 @@ def test_manifest_path_leading_out_of_the_package_is_refused(run_py: RunPy, inst
     shutil.copy(copy / "flashgen" / "_aot" / inst["path"], evil)
     manifest = copy / "flashgen" / "_aot" / "manifest.json"
     data = json.loads(manifest.read_text())
-    data["instances"][0]["path"] = os.path.relpath(evil, manifest.parent)
+    next(i for i in data["instances"] if i["uri"] == inst["uri"])["path"] = os.path.relpath(evil, manifest.parent)
     manifest.write_text(json.dumps(data))
     proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False, PYTHONPATH=str(copy), **DEVICE)
     assert proc.returncode != 0 and "not a plain .so file name" in proc.stderr
@@ -577,7 +583,8 @@ def test_custom_variant_compiles_through_the_jit(run_py: RunPy) -> None:
         "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128, 'pos_encoding': 'none'}, v))\n"
     )
     cold = _result(run_py(code, **DEVICE))
-    assert cold["source"] == "jit" and cold["uri"].endswith("variant_user_flash_sigmoid")
+    # On a 9.0 device single_decode takes its sm90 backend.
+    assert cold["source"] == "jit" and cold["uri"].endswith("variant_user_flash_sigmoid_backend_sm90")
     warm = _result(run_py(code, **DEVICE))
     assert warm["source"] == "cache" and warm["sha256"] == cold["sha256"]
     assert warm["codes"]["variant"] == cold["codes"]["variant"]
@@ -603,7 +610,8 @@ PARITY_SNIPPET = PRELUDE + r"""
 import os
 from flashgen._errors import JITDisabledError
 try:
-    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'pos_encoding': 'none', 'variant': 'soft_cap'})
+    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'pos_encoding': 'none', 'variant': 'soft_cap',
+                                   'backend': 'portable'})
 except JITDisabledError as e:
     print(json.dumps({"cache_dir": e.answer["cache_dir"], "archs": e.answer["archs"]}))
 """

@@ -1,0 +1,633 @@
+/**
+ * @brief Hopper single decode (sm_90): K/V streamed by the bulk tensor copy engine into a
+ * multi-stage mbarrier ring, split-KV over a thread-block cluster merged through distributed
+ * shared memory, so that one kernel does the whole call when one cluster per head group fills
+ * the GPU.
+ *
+ * A CTA serves one (kv head, head slice, split) like the portable kernel (decode/kernel.cuh),
+ * with the same math per 16-token tile: S^T = K Q^T and O^T += V^T P^T on mma.m16n8k16 (the query
+ * heads of one kv head are the n = 8 dimension), the query split in hi + lo parts, a base-2
+ * online softmax per head, the same variant hooks. What differs is how K/V arrive and how splits
+ * meet:
+ * - one producer warp (one thread) issues cp.async.bulk.tensor.3d loads (the tensor maps of
+ *   hopper/tma.cuh, 128-byte swizzle, box 64 columns x 64 rows x 1 head) of 64 tokens of K and
+ *   V per stage into kStages stages (about 128 KB in flight per SM); four consumer warps take 16
+ *   tokens of each stage and free it with one arrive each.
+ * - the splits of a head group are the CTAs of one cluster (8 by default): each CTA combines its
+ *   warps, leaves its partial (normalized output and base-2 LSE per head) in its shared memory,
+ *   and after a cluster barrier every CTA merges a slice of the head group's outputs from all of
+ *   its peers' shared memory and writes them. No workspace and no second kernel unless a head
+ *   group needs more splits than a cluster holds: then each cluster writes one partial to the
+ *   workspace and the portable merge kernel (decode/merge.cuh, PDL) combines the clusters.
+ *
+ * Variants, GQA (head slices of 8), NHD/HND (by strides, through the tensor map's dimension
+ * order), LSE and the non-softmax (sum) convention are the portable kernel's.
+ */
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/traits.cuh"
+#include "flashgen/dtype.cuh"
+#include "flashgen/hopper/mbarrier.cuh"
+#include "flashgen/hopper/tma.cuh"
+#include "flashgen/launch.cuh"
+#include "flashgen/math.cuh"
+#include "flashgen/ptx_sm80.cuh"
+#include "flashgen/status.cuh"
+#include "flashgen/variant_hooks.cuh"
+
+namespace flashgen {
+namespace hopper {
+
+#ifndef FLASHGEN_HDECODE_RING_KB
+#define FLASHGEN_HDECODE_RING_KB 128
+#endif
+
+#ifndef FLASHGEN_HDECODE_CONSUMER_GROUPS
+#define FLASHGEN_HDECODE_CONSUMER_GROUPS 1
+#endif
+
+/** RING_KB: shared memory of the K/V ring; GROUPS: consumer groups of 4 warps, stage i going to
+ *  group i % GROUPS (more tiles in flight in the math per SM). */
+template <int HEAD_DIM, int RING_KB = FLASHGEN_HDECODE_RING_KB,
+          int GROUPS = FLASHGEN_HDECODE_CONSUMER_GROUPS>
+struct DecodeTraits90 {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
+  static constexpr int kGroups = GROUPS;
+  static constexpr int kConsumerWarps = 4 * GROUPS;
+  static constexpr int kThreads = (kConsumerWarps + 1) * 32;
+  static constexpr int kStageTokens = 64;  // one 16-token tile per warp of a group
+  static constexpr int kHeadsPerBlock = 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kMTiles = kHeadDim / 16;
+  static constexpr int kScoreChains = kHeadDim <= 128 ? 4 : 2;
+  static constexpr int kBoxes = kHeadDim / 64;         // 64-column boxes per row
+  static constexpr int kBoxBytes = kStageTokens * 128;  // one box of a stage (128-byte rows)
+  static constexpr int kTileBytes = kBoxes * kBoxBytes;  // K (or V) of a stage
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  // Stages, a multiple of the consumer groups: group g owns slots g, g + GROUPS, ... (its own
+  // ring, so a barrier is never two phases behind the group that waits on it).
+  static constexpr int kFit = RING_KB * 1024 / kStageBytes / GROUPS * GROUPS;
+  static constexpr int kStages = kFit >= 2 * GROUPS ? kFit : 2 * GROUPS;
+  static constexpr int kSlotsPerGroup = kStages / GROUPS;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kCombineBytes =
+      kConsumerWarps * kHeadsPerBlock * (kHeadDim + 2) * static_cast<int>(sizeof(float));
+  static_assert(kCombineBytes <= kRingBytes, "the warp combine reuses the ring");
+  static constexpr int kVariantOffset = kRingBytes;  // 256 bytes a variant may use (smem_ptr)
+  static constexpr int kBarOffset = kVariantOffset + 256;
+  static constexpr int kPartOffset = kBarOffset + 2 * kStages * 8 + 64;
+  static constexpr int kPartBytes = kHeadsPerBlock * (kHeadDim + 1) * 4;
+  // + 1 KB: the dynamic window is aligned to 1024 bytes by hand (the 128-byte swizzle's period).
+  static constexpr int kSmemBytes = kPartOffset + kPartBytes + 1024;
+};
+
+constexpr int kMaxClusterPortable = 8;
+
+/** The split plan of one call: `cluster` CTAs a cluster, `groups` clusters per head group. */
+struct DecodePlan90 {
+  int64_t cluster, groups, splits, chunk, head_slices, workspace;
+};
+
+/** Knobs of the plan (the harness sweeps them; the library uses the defaults). */
+struct DecodeKnobs90 {
+  int64_t force_cluster = 0, force_groups = 0;  // harness only: a fixed shape
+  int64_t max_cluster = kMaxClusterPortable;
+  int64_t min_chunk = 64;
+};
+
+/** A kernel with the decode kernel's block size and shared memory, for occupancy questions. */
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) cluster_probe_kernel90() {}
+
+/**
+ * How many clusters of `cluster` CTAs (1..16) of the decode kernel's shape can be resident at
+ * once on `dev` (cudaOccupancyMaxActiveClusters), asked once per device and size; 0 when the
+ * device cannot run such a cluster. Sizes over 8 are non-portable: how many fit depends on how
+ * the GPU's processing clusters (GPCs) are populated, which is why this is asked, not computed.
+ */
+template <typename Traits>
+inline int64_t resident_clusters90(const DeviceInfo& dev, int cluster) {
+  static std::atomic<int64_t> cache[kMaxDevices][16];  // 0 = not asked yet, -1 = none
+  const bool cacheable = dev.device >= 0 && dev.device < kMaxDevices && cluster >= 1 &&
+                         cluster <= 16;
+  if (cacheable) {
+    const int64_t v = cache[dev.device][cluster - 1].load(std::memory_order_acquire);
+    if (v != 0) return v < 0 ? 0 : v;
+  }
+  auto probe = cluster_probe_kernel90<Traits>;
+  int n = 0;
+  cudaError_t err =
+      cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (err == cudaSuccess && cluster > kMaxClusterPortable) {
+    err = cudaFuncSetAttribute(probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  if (err == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster) * 8);
+    cfg.blockDim = dim3(Traits::kThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(Traits::kSmemBytes);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    err = cudaOccupancyMaxActiveClusters(&n, probe, &cfg);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: this size is just not available
+    n = 0;
+  }
+  if (cacheable) {
+    cache[dev.device][cluster - 1].store(n > 0 ? n : -1, std::memory_order_release);
+  }
+  return n;
+}
+
+/**
+ * The split plan. Measured (benches/NOTES-hopper.md, decode, 2026-12-01): one CTA of this kernel
+ * streams ~50 GB/s, so a call wants as many SMs as it can get, in one kernel where it can. The
+ * cluster is the largest power of two (<= max_cluster, 8 by default: the portable cluster size,
+ * so no GPC layout question; at most one split per min_chunk tokens) of which one cluster per
+ * head group is co-resident: the splits of a group meet in its cluster's shared memory. When the
+ * head groups leave room for more clusters (few kv heads), each group gets several clusters
+ * (groups > 1) and the portable merge kernel combines them. CUDA calls only through the cached
+ * occupancy questions above. knobs.force_cluster (any size up to 16) is for the harness.
+ */
+template <typename Traits>
+inline DecodePlan90 plan_single_decode90(int64_t num_qo_heads, int64_t num_kv_heads,
+                                         int64_t kv_len, const DeviceInfo& dev,
+                                         const DecodeKnobs90& knobs = DecodeKnobs90()) {
+  DecodePlan90 plan;
+  plan.head_slices = decode::ceil_div(num_qo_heads / num_kv_heads, Traits::kHeadsPerBlock);
+  const int64_t units = std::max<int64_t>(1, num_kv_heads * plan.head_slices);
+  const int64_t max_splits = std::max<int64_t>(
+      1, std::min<int64_t>(decode::kMaxSplits,
+                           decode::ceil_div(std::max<int64_t>(kv_len, 1), knobs.min_chunk)));
+  const int64_t limit = std::min<int64_t>({16, knobs.max_cluster, max_splits});
+  int64_t top = 1;
+  while (top * 2 <= limit) top *= 2;
+  int64_t cluster = 1;
+  for (int64_t c = top; c >= 1; c /= 2) {
+    if (resident_clusters90<Traits>(dev, static_cast<int>(c)) >= units) {
+      cluster = c;
+      break;
+    }
+  }
+  const int64_t resident = resident_clusters90<Traits>(dev, static_cast<int>(cluster));
+  plan.cluster = cluster;
+  plan.groups = std::max<int64_t>(1, std::min(resident / units, max_splits / cluster));
+  if (knobs.force_cluster > 0) {
+    plan.cluster = knobs.force_cluster;
+    plan.groups = knobs.force_groups > 0 ? knobs.force_groups : 1;
+  }
+  plan.splits = plan.cluster * plan.groups;
+  plan.chunk = decode::chunk_tokens(kv_len, plan.splits);
+  plan.workspace = decode::workspace_bytes(plan.groups, num_qo_heads, Traits::kHeadDim);
+  return plan;
+}
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+
+/** The address of `addr` (this CTA's shared window) in cluster CTA `rank`'s window. */
+__device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float x;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+  return x;
+}
+
+}  // namespace detail
+
+/**
+ * Grid (splits = cluster * groups, kv_heads * head_slices), cluster (cluster, 1, 1). Split s
+ * covers kv positions [s * chunk, (s + 1) * chunk). part_o / part_w non-null: groups > 1, each
+ * cluster writes its merged partial as split blockIdx.x / cluster of decode/merge.cuh's layout.
+ */
+template <typename Traits, typename Variant, typename Params>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    single_decode_kernel90(const __grid_constant__ Params params,
+                           const __grid_constant__ KVTensorMaps maps, uint32_t k_rows_first,
+                           uint32_t v_rows_first, float* part_o, float* part_w, uint32_t chunk,
+                           uint32_t num_head_slices, uint32_t cluster) {
+  using DTypeQ = typename Params::DTypeQ;
+  using DTypeKV = typename Params::DTypeKV;
+  using DTypeO = typename Params::DTypeO;
+  static_assert(sizeof(DTypeQ) == 2 && sizeof(DTypeKV) == 2, "16-bit inputs");
+  constexpr bool kSoftmax = Variant::use_softmax;
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kS = Traits::kStages;
+  constexpr int kH = Traits::kHeadsPerBlock;
+  constexpr int kW = Traits::kConsumerWarps;
+  constexpr float kMasked = kSoftmax ? -math::inf : 0.f;
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  ptx::launch_dependents();  // the merge kernel (groups > 1) may be scheduled; it waits
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  const uint32_t ring = ptx::smem_addr(smem);
+  const uint32_t full_bar = ring + Traits::kBarOffset;
+  const uint32_t empty_bar = full_bar + 8 * kS;
+
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warp = threadIdx.x >> 5;
+  const uint32_t split = blockIdx.x;
+  const uint32_t kv_head = blockIdx.y / num_head_slices;
+  const uint32_t slice = blockIdx.y % num_head_slices;
+  const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;
+  const uint32_t first = slice * kH;
+  const uint32_t num_heads = min(uint32_t(kH), group_size - first);
+  const uint32_t head0 = kv_head * group_size + first;
+  const uint32_t begin = min(params.kv_len, split * chunk);
+  const uint32_t end = min(params.kv_len, begin + chunk);
+  const uint32_t num_stages = (end - begin + Traits::kStageTokens - 1) / Traits::kStageTokens;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, 4);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  Variant variant(params, 0, smem + Traits::kVariantOffset);
+
+  float m[2] = {-math::inf, -math::inf};  // running max of heads 2*pair, 2*pair+1 (base 2)
+  float dsum[2] = {0.f, 0.f};
+  float acc[Traits::kMTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
+  }
+  const uint32_t group = lane >> 2;
+  const uint32_t pair = lane & 3;
+
+  if (warp == kW) {
+    // Producer: one thread keeps every stage of the ring in flight.
+    if (lane == 0) {
+      tma_prefetch_map(&maps.k);
+      tma_prefetch_map(&maps.v);
+      for (uint32_t i = 0; i < num_stages; ++i) {
+        const uint32_t use = i / Traits::kGroups;
+        const uint32_t slot = i % Traits::kGroups + Traits::kGroups * (use % Traits::kSlotsPerGroup);
+        mbar_wait(empty_bar + 8 * slot, ((use / Traits::kSlotsPerGroup) & 1) ^ 1);
+        const uint32_t bar = full_bar + 8 * slot;
+        mbar_arrive_expect_tx(bar, Traits::kStageBytes);
+        const int32_t row = int32_t(begin + i * Traits::kStageTokens);
+        const uint32_t k_dst = ring + slot * Traits::kStageBytes;
+        const uint32_t v_dst = k_dst + Traits::kTileBytes;
+#pragma unroll
+        for (int b = 0; b < Traits::kBoxes; ++b) {
+          tma_load_3d(k_dst + b * Traits::kBoxBytes, &maps.k, bar, b * 64,
+                      k_rows_first ? row : int32_t(kv_head), k_rows_first ? int32_t(kv_head) : row);
+          tma_load_3d(v_dst + b * Traits::kBoxBytes, &maps.v, bar, b * 64,
+                      v_rows_first ? row : int32_t(kv_head), v_rows_first ? int32_t(kv_head) : row);
+        }
+      }
+    }
+  } else {
+    // Query fragments (hi + lo parts), as decode/kernel.cuh: head `group`, dims 2*pair.. of
+    // each k step; loaded while the first stages are in flight.
+    uint32_t qf[Traits::kKSteps][2];
+    uint32_t qf_lo[Traits::kKSteps][2];
+    {
+      const bool valid = group < num_heads;
+      const DTypeQ* qh =
+          params.q + (head0 + static_cast<int64_t>(valid ? group : 0)) * params.q_stride_h;
+#pragma unroll
+      for (int ks = 0; ks < Traits::kKSteps; ++ks) {
+#pragma unroll
+        for (int half_k = 0; half_k < 2; ++half_k) {
+          const int d = ks * 16 + half_k * 8 + 2 * pair;
+          float x0 = 0.f, x1 = 0.f;
+          if (valid) {
+            x0 = hooks::query_transform(variant, params, to_float(qh[d]));
+            x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
+          }
+          const float h0 = to_float(from_float<DTypeKV>(x0));
+          const float h1 = to_float(from_float<DTypeKV>(x1));
+          qf[ks][half_k] = ptx::pack2<DTypeKV>(h0, h1);
+          qf_lo[ks][half_k] = ptx::pack2<DTypeKV>(x0 - h0, x1 - h1);
+        }
+      }
+    }
+
+    // ldmatrix rows: K as A (rows = tokens), V as A^T via .trans; the 128-byte swizzle puts
+    // 16-byte chunk c of row r at (c ^ (r & 7)), and r & 7 == lane & 7 here.
+    const uint32_t mi = lane >> 3;
+    const uint32_t r7 = lane & 7;
+    const uint32_t wg = warp % 4;  // warp within its consumer group: tokens 16 * wg of a stage
+    const uint32_t k_row = wg * 16 + (mi & 1) * 8 + r7, k_chunk0 = mi >> 1;
+    const uint32_t v_row = wg * 16 + (mi >> 1) * 8 + r7, v_chunk0 = mi & 1;
+    auto chunk_addr = [&](uint32_t base, uint32_t row, uint32_t ch) {
+      return base + (ch >> 3) * Traits::kBoxBytes + row * 128 + (((ch & 7) ^ r7) << 4);
+    };
+
+    for (uint32_t i = warp / 4; i < num_stages; i += Traits::kGroups) {
+      const uint32_t use = i / Traits::kGroups;
+      const uint32_t slot = i % Traits::kGroups + Traits::kGroups * (use % Traits::kSlotsPerGroup);
+      mbar_wait(full_bar + 8 * slot, (use / Traits::kSlotsPerGroup) & 1);
+      const uint32_t tpos = begin + i * Traits::kStageTokens + wg * 16;
+      if (tpos < end) {
+        const uint32_t k_base = ring + slot * Traits::kStageBytes;
+        const uint32_t v_base = k_base + Traits::kTileBytes;
+        constexpr int kSChains = Traits::kScoreChains;
+        float sc[kSChains][4];
+#pragma unroll
+        for (int c = 0; c < kSChains; ++c) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[c][e] = 0.f;
+        }
+#pragma unroll
+        for (int ks = 0; ks < Traits::kKSteps; ++ks) {
+          uint32_t a[4];
+          ptx::ldmatrix_x4(a, chunk_addr(k_base, k_row, ks * 2 + k_chunk0));
+          const int c = (ks * 2) % kSChains;
+          ptx::mma_16816<DTypeKV>(sc[c], a, qf[ks][0], qf[ks][1]);
+          ptx::mma_16816<DTypeKV>(sc[(c + 1) % kSChains], a, qf_lo[ks][0], qf_lo[ks][1]);
+        }
+        float s[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[e] = sc[0][e];
+#pragma unroll
+          for (int c = 1; c < kSChains; ++c) s[e] += sc[c][e];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t pos = tpos + group + 8 * (e >> 1);
+          const uint32_t h = 2 * pair + (e & 1);
+          float x = kMasked;
+          if (pos < end && h < num_heads &&
+              hooks::logits_mask(variant, params, 0, 0, pos, head0 + h, kv_head)) {
+            x = hooks::logits_transform(variant, params, s[e], 0, 0, pos, head0 + h, kv_head);
+          }
+          s[e] = x;
+        }
+        if constexpr (kSoftmax) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float mx = fmaxf(s[j], s[j + 2]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float m_new = fmaxf(m[j], mx);
+            const float m_ref = m_new == -math::inf ? 0.f : m_new;
+            const float scale = math::ptx_exp2(m[j] - m_ref);
+            s[j] = math::ptx_exp2(s[j] - m_ref);
+            s[j + 2] = math::ptx_exp2(s[j + 2] - m_ref);
+            dsum[j] = dsum[j] * scale + s[j] + s[j + 2];
+            m[j] = m_new;
+#pragma unroll
+            for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+              acc[mt][j] *= scale;
+              acc[mt][j + 2] *= scale;
+            }
+          }
+        } else {
+          dsum[0] += s[0] + s[2];
+          dsum[1] += s[1] + s[3];
+        }
+        const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));
+        const uint32_t b1 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[2], s[3]));
+#pragma unroll
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+          uint32_t a[4];
+          ptx::ldmatrix_x4_trans(a, chunk_addr(v_base, v_row, mt * 2 + v_chunk0));
+          ptx::mma_16816<DTypeKV>(acc[mt], a, b0, b1);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar + 8 * slot);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 4);
+      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 8);
+      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 16);
+    }
+  }
+
+  // Combine the consumer warps (the ring is free: every stage was waited on).
+  __syncthreads();
+  float* c_m = reinterpret_cast<float*>(smem);  // [warp][head]
+  float* c_d = c_m + kW * kH;                   // [warp][head]
+  float* c_o = c_d + kW * kH;                   // [warp][head][dim]
+  if (warp < kW) {
+    if (group == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        c_m[warp * kH + 2 * pair + j] = m[j];
+        c_d[warp * kH + 2 * pair + j] = dsum[j];
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = 2 * pair + (e & 1);
+        const int d = mt * 16 + group + 8 * (e >> 1);
+        c_o[(warp * kH + h) * kD + d] = acc[mt][e];
+      }
+    }
+  }
+  __syncthreads();
+  // This CTA's partial: normalized output [head][dim] and its base-2 LSE (softmax) or sum of
+  // weights per head, in the region its cluster peers read.
+  float* p_o = reinterpret_cast<float*>(smem + Traits::kPartOffset);
+  float* p_w = p_o + kH * kD;
+  for (uint32_t idx = threadIdx.x; idx < num_heads * kD; idx += Traits::kThreads) {
+    const uint32_t h = idx / kD, d = idx % kD;
+    float num = 0.f, den = 0.f, m_ref = 0.f;
+    if constexpr (kSoftmax) {
+      float mx = -math::inf;
+#pragma unroll
+      for (int w = 0; w < kW; ++w) mx = fmaxf(mx, c_m[w * kH + h]);
+      m_ref = mx == -math::inf ? 0.f : mx;
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        const float wt = math::ptx_exp2(c_m[w * kH + h] - m_ref);
+        num += wt * c_o[(w * kH + h) * kD + d];
+        den += wt * c_d[w * kH + h];
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        num += c_o[(w * kH + h) * kD + d];
+        den += c_d[w * kH + h];
+      }
+    }
+    p_o[idx] = kSoftmax ? (den > 0.f ? num / den : 0.f) : num;
+    if (d == 0) p_w[h] = kSoftmax ? (den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf) : den;
+  }
+
+  // Cluster merge: rank r finalizes elements r * kThreads + tid, ... of the head group.
+  detail::cluster_sync();
+  const uint32_t rank = detail::cluster_ctarank();
+  const uint32_t p_o_addr = ptx::smem_addr(p_o);
+  const uint32_t p_w_addr = ptx::smem_addr(p_w);
+  for (uint32_t idx = rank * Traits::kThreads + threadIdx.x; idx < num_heads * kD;
+       idx += cluster * Traits::kThreads) {
+    const uint32_t h = idx / kD, d = idx % kD;
+    float w_max = -math::inf;
+    float wsum = 0.f, num = 0.f;
+    if constexpr (kSoftmax) {
+      for (uint32_t r = 0; r < cluster; ++r) {
+        w_max = fmaxf(w_max, detail::ld_cluster_f32(detail::map_rank(p_w_addr + 4 * h, r)));
+      }
+    }
+    const float m_ref = w_max == -math::inf ? 0.f : w_max;
+    for (uint32_t r = 0; r < cluster; ++r) {
+      const float w = detail::ld_cluster_f32(detail::map_rank(p_w_addr + 4 * h, r));
+      const float x = detail::ld_cluster_f32(detail::map_rank(p_o_addr + 4 * idx, r));
+      const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
+      wsum += kSoftmax ? sc : w;
+      num += sc * x;
+    }
+    const float value = kSoftmax ? (wsum > 0.f ? num / wsum : 0.f) : num;
+    const float weight =
+        kSoftmax ? (wsum > 0.f ? m_ref + math::ptx_log2(wsum) : -math::inf) : wsum;
+    if (part_o != nullptr) {
+      const int64_t row =
+          static_cast<int64_t>(split / cluster) * params.num_qo_heads + head0 + h;
+      part_o[row * kD + d] = value;
+      if (d == 0) part_w[row] = weight;
+    } else {
+      const float y = hooks::output_transform(variant, params, value, 0, 0, head0 + h);
+      params.o[(head0 + h) * params.o_stride_h + d] = from_float<DTypeO>(y);
+      if (d == 0 && params.lse != nullptr) {
+        params.lse[head0 + h] = kSoftmax ? weight * math::ln2 : logf(weight);
+      }
+    }
+  }
+  detail::cluster_sync();  // peers may still read this CTA's partial
+}
+
+/** Launches the decode kernel of `plan` (and the portable merge when plan.groups > 1). */
+template <int HEAD_DIM, typename Variant, typename Params, typename Traits = DecodeTraits90<HEAD_DIM>>
+inline int launch_single_decode_planned(const Params& p, const DecodePlan90& plan, void* workspace,
+                                        int64_t workspace_bytes, const DeviceInfo& dev,
+                                        cudaStream_t stream) {
+  if (dev.major != 9) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "single_decode: the sm90 backend runs on compute capability 9.x only (device %d "
+                "is %d.x); use backend=\"portable\"",
+                dev.device, dev.major);
+  }
+  float* part_o = nullptr;
+  float* part_w = nullptr;
+  if (plan.workspace > 0) {
+    if (workspace == nullptr || workspace_bytes < plan.workspace || !aligned16(workspace)) {
+      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                  "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
+                  "(ask flashgen_single_decode_workspace_size on the same device)",
+                  static_cast<long long>(plan.workspace),
+                  static_cast<long long>(workspace_bytes), workspace);
+    }
+    part_o = static_cast<float*>(workspace);
+    part_w = part_o + plan.groups * int64_t(p.num_qo_heads) * HEAD_DIM;
+  }
+  KVTensorMaps maps;
+  KVMapOrder k_order, v_order;
+  if (int st = make_kv_map(&maps.k, &k_order, p.k, p.kv_len, p.num_kv_heads, HEAD_DIM,
+                           p.k_stride_n, p.k_stride_h, Traits::kStageTokens)) {
+    return st;
+  }
+  if (int st = make_kv_map(&maps.v, &v_order, p.v, p.kv_len, p.num_kv_heads, HEAD_DIM,
+                           p.v_stride_n, p.v_stride_h, Traits::kStageTokens)) {
+    return st;
+  }
+  auto kernel = single_decode_kernel90<Traits, Variant, Params>;
+  static std::atomic<uint64_t> smem_done{0};
+  if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, smem_done)) return st;
+  if (plan.cluster > kMaxClusterPortable) {
+    static std::atomic<uint64_t> np_done{0};
+    const uint64_t bit = dev.device < 64 ? (uint64_t{1} << dev.device) : 0;
+    if (bit == 0 || !(np_done.load(std::memory_order_acquire) & bit)) {
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (err != cudaSuccess) {
+        return fail(FLASHGEN_CUDA_ERROR, "cudaFuncSetAttribute (cluster size): %s",
+                    cudaGetErrorString(err));
+      }
+      np_done.fetch_or(bit, std::memory_order_acq_rel);
+    }
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<uint32_t>(plan.splits),
+                     static_cast<uint32_t>(p.num_kv_heads * plan.head_slices));
+  cfg.blockDim = dim3(Traits::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(Traits::kSmemBytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(
+      &cfg, kernel, p, maps, uint32_t(k_order.rows_first), uint32_t(v_order.rows_first), part_o,
+      part_w, static_cast<uint32_t>(plan.chunk), static_cast<uint32_t>(plan.head_slices),
+      static_cast<uint32_t>(plan.cluster));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(FLASHGEN_CUDA_ERROR, "single_decode sm90 kernel: %s (%s)", cudaGetErrorString(err),
+                cudaGetErrorName(err));
+  }
+  if (plan.groups > 1) {
+    decode::MergeOutput<typename Params::DTypeO> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads,
+                                                     p.num_qo_heads};
+    return launch("single_decode merge kernel", decode::merge_kernel<HEAD_DIM, Variant, Params>,
+                  dim3(p.num_qo_heads), decode::kMergeThreads, 0, stream, true, p,
+                  static_cast<const float*>(part_o), static_cast<const float*>(part_w),
+                  static_cast<uint32_t>(plan.groups), out);
+  }
+  return FLASHGEN_OK;
+}
+
+/** The entry points backend sm90 of csrc/single_decode.cu calls (portable signatures). */
+template <int HEAD_DIM>
+inline DecodePlan90 single_decode_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len,
+                                       const DeviceInfo& dev) {
+  return plan_single_decode90<DecodeTraits90<HEAD_DIM>>(num_qo_heads, num_kv_heads, kv_len, dev);
+}
+
+template <int HEAD_DIM, typename Variant, typename Params>
+inline int launch_single_decode(const Params& p, void* workspace, int64_t workspace_bytes,
+                                const DeviceInfo& dev, cudaStream_t stream) {
+  const DecodePlan90 plan = single_decode_plan<HEAD_DIM>(p.num_qo_heads, p.num_kv_heads,
+                                                         p.kv_len, dev);
+  return launch_single_decode_planned<HEAD_DIM, Variant>(p, plan, workspace, workspace_bytes, dev,
+                                                         stream);
+}
+
+}  // namespace hopper
+}  // namespace flashgen

@@ -1,0 +1,542 @@
+/**
+ * Standalone harness for the Hopper single decode (include/flashgen/hopper/decode.cuh) against
+ * the portable decode (decode/kernel.cuh + merge.cuh, launched as csrc/single_decode.cu does).
+ *
+ * Checks: every (head_dim, variant, layout, group, kv_len, plan) case runs both kernels on the
+ * same fresh random inputs into NaN-poisoned outputs (workspace poisoned with 0xAB); the sm90
+ * output must be written everywhere, agree with the portable one (max |o - o_p| / max |o_p| <=
+ * 1e-2, bf16 rounding of a different sum order, LSE within 1e-3) and with an fp32 reference for
+ * softmax variants (rel. L2 <= 1e-2), and a second run must be bitwise identical (race check).
+ * Bench: bf16, 32 qo / 8 kv heads, d128, NHD; one call of each kernel per repetition,
+ * alternating, L2 flushed (256 MB memset) before every call, cudaEvents, median.
+ *   hopper_decode_harness [--no-tests] [--no-bench] [--reps N]
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <functional>
+#include <vector>
+
+#define ADDITIONAL_PARAMS_DECL \
+  float logits_soft_cap;       \
+  int32_t window_left;         \
+  const float* alibi_slopes;   \
+  float sigmoid_bias;
+
+#include "flashgen/variant.cuh"
+#include "flashgen/variants/alibi.cuh"
+#include "flashgen/variants/default.cuh"
+#include "flashgen/variants/sigmoid.cuh"
+#include "flashgen/variants/sliding_window.cuh"
+#include "flashgen/variants/soft_cap.cuh"
+#include "flashgen/variant_hooks.cuh"
+#include "flashgen/params.cuh"
+#include "flashgen/decode/kernel.cuh"
+#include "flashgen/decode/merge.cuh"
+#include "flashgen/hopper/decode.cuh"
+
+using namespace flashgen;
+using bf16 = __nv_bfloat16;
+using P = SingleDecodeParams<bf16, bf16, bf16>;
+
+static int g_fail = 0;
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
+                   __LINE__, cudaGetErrorString(e_));                                      \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+#define ST(...)                                                         \
+  do {                                                                  \
+    int s_ = (__VA_ARGS__);                                                       \
+    if (s_ != 0) {                                                      \
+      std::fprintf(stderr, "flashgen status %d at line %d\n", s_, __LINE__); \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uni() { return float((next() >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }
+};
+
+// ---------------------------------------------------------------- portable launch (as csrc)
+template <int D, typename Variant>
+int portable_call(const P& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t s,
+                  int64_t* need = nullptr) {
+  using Traits = decode::DecodeTraits<D>;
+  const int64_t slices = decode::head_slices<Traits>(p.num_qo_heads / p.num_kv_heads);
+  const int64_t units = p.num_kv_heads * slices;
+  const int64_t splits0 = decode::plan_splits<Traits>(units, p.kv_len, dev.sm_count, dev.smem_per_sm);
+  const int64_t chunk = decode::chunk_tokens(p.kv_len, splits0);
+  const int64_t splits = decode::ceil_div(p.kv_len, chunk);
+  const int64_t wsb = decode::workspace_bytes(splits, p.num_qo_heads, D);
+  if (need) {
+    *need = wsb;
+    return 0;
+  }
+  float* part_o = nullptr;
+  float* part_w = nullptr;
+  if (wsb > 0) {
+    if (ws_bytes < wsb) return 99;
+    part_o = static_cast<float*>(ws);
+    part_w = part_o + splits * p.num_qo_heads * D;
+  }
+  auto kernel = decode::single_decode_kernel<Traits, Variant, P>;
+  static std::atomic<uint64_t> done{0};
+  if (int st = allow_smem(kernel, dev, Traits::kSmemBytes, done)) return st;
+  const dim3 grid(uint32_t(splits), uint32_t(p.num_kv_heads * slices));
+  if (int st = launch("portable", kernel, grid, Traits::kThreads, Traits::kSmemBytes, s, false, p,
+                      part_o, part_w, uint32_t(chunk), uint32_t(slices)))
+    return st;
+  if (splits > 1) {
+    decode::MergeOutput<bf16> out{p.o, p.lse, 0, p.o_stride_h, p.num_qo_heads, p.num_qo_heads};
+    return launch("merge", decode::merge_kernel<D, Variant, P>, dim3(p.num_qo_heads),
+                  decode::kMergeThreads, 0, s, dev.major >= 9, p, (const float*)part_o,
+                  (const float*)part_w, uint32_t(splits), out);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- fp32 reference (softmax)
+template <int D, typename Variant>
+__global__ void ref_decode(const P p, float* o, float* lse) {
+  // one block per qo head; scores in global scratch would be simpler, but kv_len <= 32768
+  // fits a dynamic shared array of floats.
+  extern __shared__ float sc[];
+  const int h = blockIdx.x;
+  const int hk = h / (p.num_qo_heads / p.num_kv_heads);
+  uint8_t vs[256];
+  Variant variant(p, 0, vs);
+  const bf16* q = p.q + h * p.q_stride_h;
+  float qt[D];
+  for (int d = 0; d < D; ++d) qt[d] = hooks::query_transform(variant, p, __bfloat162float(q[d]));
+  for (int j = threadIdx.x; j < int(p.kv_len); j += blockDim.x) {
+    const bf16* k = p.k + j * p.k_stride_n + hk * p.k_stride_h;
+    float s = 0.f;
+    for (int d = 0; d < D; ++d) s += qt[d] * __bfloat162float(k[d]);
+    float x = -INFINITY;
+    if (hooks::logits_mask(variant, p, 0, 0, j, h, hk))
+      x = hooks::logits_transform(variant, p, s, 0, 0, j, h, hk);
+    sc[j] = x;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = 0; j < int(p.kv_len); ++j) mx = fmaxf(mx, sc[j]);
+  float den = 0.f;
+  for (int j = 0; j < int(p.kv_len); ++j) den += exp2f(sc[j] - mx);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = 0.f;
+    for (int j = 0; j < int(p.kv_len); ++j)
+      num += exp2f(sc[j] - mx) * __bfloat162float(p.v[j * p.v_stride_n + hk * p.v_stride_h + d]);
+    o[h * D + d] = hooks::output_transform(variant, p, num / den, 0, 0, h);
+  }
+  if (threadIdx.x == 0) lse[h] = (mx + log2f(den)) * 0.69314718f;
+}
+
+__global__ void to_f32(const bf16* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __bfloat162float(x[i]);
+}
+
+// ---------------------------------------------------------------- one correctness case
+enum VariantId { kDefault, kSoftCap, kSigmoid, kSliding, kAlibi };
+static const char* vname[] = {"default", "soft_cap", "sigmoid", "sliding_window", "alibi"};
+
+struct Bufs {
+  bf16 *q, *k, *v, *o;
+  float *lse, *ws, *slopes;
+  int64_t ws_bytes;
+};
+
+template <int D, typename Variant, typename Traits = hopper::DecodeTraits90<D>>
+void run_case(const DeviceInfo& dev, Bufs& b, VariantId vid, bool hnd, int hkv, int group,
+              int kv_len, const hopper::DecodeKnobs90& knobs, uint64_t seed) {
+  const int hq = hkv * group;
+  Rng rng(seed);
+  std::vector<bf16> hq_(size_t(hq) * D), hk(size_t(kv_len) * hkv * D), hv(hk.size());
+  for (auto& x : hq_) x = __float2bfloat16(rng.uni() * 2.f);
+  for (auto& x : hk) x = __float2bfloat16(rng.uni() * 2.f);
+  for (auto& x : hv) x = __float2bfloat16(rng.uni());
+  CK(cudaMemcpy(b.q, hq_.data(), hq_.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(b.k, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(b.v, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
+  std::vector<float> sl(hq);
+  for (int h = 0; h < hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / hq);
+  CK(cudaMemcpy(b.slopes, sl.data(), hq * 4, cudaMemcpyHostToDevice));
+  P p{};
+  p.q = b.q;
+  p.k = b.k;
+  p.v = b.v;
+  p.lse = b.lse;
+  p.q_stride_h = D;
+  if (hnd) {  // [heads][tokens][D]
+    p.k_stride_h = p.v_stride_h = int64_t(kv_len) * D;
+    p.k_stride_n = p.v_stride_n = D;
+  } else {
+    p.k_stride_h = p.v_stride_h = D;
+    p.k_stride_n = p.v_stride_n = int64_t(hkv) * D;
+  }
+  p.o_stride_h = D;
+  p.num_qo_heads = hq;
+  p.num_kv_heads = hkv;
+  p.kv_len = kv_len;
+  p.sm_scale = 1.f / std::sqrt(float(D));
+  p.logits_soft_cap = 30.f;
+  p.window_left = 100;
+  p.alibi_slopes = b.slopes;
+  p.sigmoid_bias = -1.f;
+
+  const int n = hq * D;
+  std::vector<bf16> o_port(n), o_h(n), o_h2(n);
+  std::vector<float> l_port(hq), l_h(hq), l_h2(hq);
+  // portable
+  p.o = b.o;
+  CK(cudaMemset(b.o, 0xff, n * 2));
+  CK(cudaMemset(b.lse, 0xff, hq * 4));
+  CK(cudaMemset(b.ws, 0xab, b.ws_bytes));
+  ST(portable_call<D, Variant>(p, b.ws, b.ws_bytes, dev, 0));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(o_port.data(), b.o, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(l_port.data(), b.lse, hq * 4, cudaMemcpyDeviceToHost));
+  const auto plan = hopper::plan_single_decode90<Traits>(hq, hkv, kv_len, dev, knobs);
+  for (int rep = 0; rep < 2; ++rep) {
+    CK(cudaMemset(b.o, 0xff, n * 2));
+    CK(cudaMemset(b.lse, 0xff, hq * 4));
+    CK(cudaMemset(b.ws, 0xab, b.ws_bytes));
+    ST((hopper::launch_single_decode_planned<D, Variant, P, Traits>(p, plan, b.ws, b.ws_bytes, dev, 0)));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy((rep ? o_h2 : o_h).data(), b.o, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((rep ? l_h2 : l_h).data(), b.lse, hq * 4, cudaMemcpyDeviceToHost));
+  }
+  double mx_ref = 0, mx_diff = 0, lse_diff = 0;
+  bool nan = false, same = std::memcmp(o_h.data(), o_h2.data(), n * 2) == 0 &&
+                           std::memcmp(l_h.data(), l_h2.data(), hq * 4) == 0;
+  for (int i = 0; i < n; ++i) {
+    const float a = __bfloat162float(o_h[i]), r = __bfloat162float(o_port[i]);
+    if (!std::isfinite(a)) nan = true;
+    mx_ref = std::max(mx_ref, double(std::fabs(r)));
+    mx_diff = std::max(mx_diff, double(std::fabs(a - r)));
+  }
+  for (int h = 0; h < hq; ++h) {
+    if (std::isnan(l_h[h])) nan = true;
+    if (std::isinf(l_h[h]) && l_h[h] == l_port[h]) continue;
+    lse_diff = std::max(lse_diff, double(std::fabs(l_h[h] - l_port[h])));
+  }
+  // fp32 reference (softmax variants; kv_len fits the shared score array)
+  double ref_rel = 0;
+  const bool softmax = Variant::use_softmax;
+  if (softmax && kv_len <= 12288) {
+    float *ro, *rl, *of;
+    CK(cudaMalloc(&ro, n * 4));
+    CK(cudaMalloc(&rl, hq * 4));
+    CK(cudaMalloc(&of, n * 4));
+    CK(cudaFuncSetAttribute(ref_decode<D, Variant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            kv_len * 4));
+    ref_decode<D, Variant><<<hq, 128, kv_len * 4>>>(p, ro, rl);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> hr(n);
+    CK(cudaMemcpy(hr.data(), ro, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+      const double d = __bfloat162float(o_h[i]) - hr[i];
+      num += d * d;
+      den += double(hr[i]) * hr[i];
+    }
+    ref_rel = std::sqrt(num / std::max(den, 1e-30));
+    cudaFree(ro);
+    cudaFree(rl);
+    cudaFree(of);
+  }
+  const double rel = mx_diff / std::max(mx_ref, 1e-30);
+  const bool ok = !nan && same && rel <= 1e-2 && lse_diff <= 1e-3 && ref_rel <= 1e-2;
+  if (!ok) ++g_fail;
+  std::printf("%s d%d r%d w%d %-14s %s hkv%d g%-2d kv%-6d plan c%lld g%lld chunk %lld: vs portable %.2e, "
+              "lse %.2e, vs fp32 %.2e%s%s\n",
+              ok ? "ok  " : "FAIL", D, Traits::kRingBytes / 1024, Traits::kConsumerWarps, vname[vid], hnd ? "HND" : "NHD", hkv, group, kv_len,
+              (long long)plan.cluster, (long long)plan.groups, (long long)plan.chunk, rel, lse_diff,
+              ref_rel, nan ? " NaN/unwritten" : "", same ? "" : " NOT-REPRODUCIBLE");
+}
+
+template <int D>
+void run_variant(const DeviceInfo& dev, Bufs& b, VariantId v, bool hnd, int hkv, int g, int kv,
+                 const hopper::DecodeKnobs90& k, uint64_t seed) {
+  switch (v) {
+    case kDefault: run_case<D, DefaultAttention<P>>(dev, b, v, hnd, hkv, g, kv, k, seed); break;
+    case kSoftCap: run_case<D, LogitsSoftCap<P>>(dev, b, v, hnd, hkv, g, kv, k, seed); break;
+    case kSigmoid: run_case<D, Sigmoid<P>>(dev, b, v, hnd, hkv, g, kv, k, seed); break;
+    case kSliding: run_case<D, SlidingWindow<P>>(dev, b, v, hnd, hkv, g, kv, k, seed); break;
+    case kAlibi: run_case<D, ALiBi<P>>(dev, b, v, hnd, hkv, g, kv, k, seed); break;
+  }
+}
+
+// ---------------------------------------------------------------- bench
+struct Timer {
+  void* flush;
+  cudaEvent_t e0, e1;
+  Timer() {
+    CK(cudaMalloc(&flush, 256 << 20));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+  }
+  template <typename F>
+  float once(F f) {
+    CK(cudaMemsetAsync(flush, 0, 256 << 20));
+    CK(cudaEventRecord(e0));
+    f();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1e3f;
+  }
+};
+
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename Traits>
+int occupancy_clusters(int cluster) {
+  auto kernel = hopper::single_decode_kernel90<Traits, DefaultAttention<P>, P>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster * 8, 8);
+  cfg.blockDim = dim3(Traits::kThreads);
+  cfg.dynamicSmemBytes = Traits::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = -1;
+  cudaError_t e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return n;
+}
+
+void bench(const DeviceInfo& dev, int reps) {
+  constexpr int D = 128;
+  using V = DefaultAttention<P>;
+  using T96 = hopper::DecodeTraits90<D, 96>;
+  const int hq = 32, hkv = 8;
+  std::printf("\nresident clusters of size 1..16 (d128): ring128 w4:");
+  for (int c = 1; c <= 16; ++c) std::printf(" %lld", (long long)hopper::resident_clusters90<hopper::DecodeTraits90<D>>(dev, c));
+  std::printf("\n  ring96 w4:");
+  for (int c = 1; c <= 16; ++c) std::printf(" %lld", (long long)hopper::resident_clusters90<T96>(dev, c));
+  std::printf("\n");
+  Timer t;
+  for (int kv_len : {32768, 1024}) {
+    bf16 *q, *k, *v, *o;
+    float* ws;
+    const int64_t ws_bytes = 64 << 20;
+    CK(cudaMalloc(&q, hq * D * 2));
+    CK(cudaMalloc(&o, hq * D * 2));
+    CK(cudaMalloc(&k, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&v, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&ws, ws_bytes));
+    CK(cudaMemset(ws, 0, ws_bytes));
+    std::vector<bf16> h(size_t(kv_len) * hkv * D);
+    Rng rng(kv_len);
+    for (auto& x : h) x = __float2bfloat16(rng.uni());
+    CK(cudaMemcpy(k, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(q, h.data(), hq * D * 2, cudaMemcpyHostToDevice));
+    P p{};
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.o = o;
+    p.lse = nullptr;
+    p.q_stride_h = D;
+    p.k_stride_h = p.v_stride_h = D;
+    p.k_stride_n = p.v_stride_n = hkv * D;
+    p.o_stride_h = D;
+    p.num_qo_heads = hq;
+    p.num_kv_heads = hkv;
+    p.kv_len = kv_len;
+    p.sm_scale = 1.f / std::sqrt(float(D));
+    const double bytes = 2.0 * hq * D * 2 + 2.0 * kv_len * hkv * D * 2;
+    struct Cfg {
+      const char* name;
+      std::function<void(hopper::DecodePlan90*)> run;
+    };
+    auto mk = [&](auto traits, int64_t fc, int64_t fg) {
+      using Tr = decltype(traits);
+      return [&, fc, fg](hopper::DecodePlan90* out) {
+        hopper::DecodeKnobs90 kn;
+        kn.force_cluster = fc;
+        kn.force_groups = fg;
+        auto plan = hopper::plan_single_decode90<Tr>(hq, hkv, kv_len, dev, kn);
+        if (out) {
+          *out = plan;
+          return;
+        }
+        ST((hopper::launch_single_decode_planned<D, V, P, Tr>(p, plan, ws, ws_bytes, dev, 0)));
+      };
+    };
+    using T128 = hopper::DecodeTraits90<D, 128, 1>;
+    using T128w8 = hopper::DecodeTraits90<D, 128, 2>;
+    using T192 = hopper::DecodeTraits90<D, 192, 1>;
+    using T96w8 = hopper::DecodeTraits90<D, 96, 2>;
+    std::vector<Cfg> cfgs = {
+        {"A ring128 w4 auto", mk(T128(), 0, 0)},
+        {"B ring128 w8 auto", mk(T128w8(), 0, 0)},
+        {"C ring192 w4 auto", mk(T192(), 0, 0)},
+        {"D ring96 w4 auto", mk(T96(), 0, 0)},
+        {"E ring96 w4 c16g1", mk(T96(), 16, 1)},
+        {"F ring96 w8 c16g1", mk(T96w8(), 16, 1)},
+        {"G ring96 w4 c8g2", mk(T96(), 8, 2)},
+        {"H ring128 w4 c15g1", mk(T128(), 15, 1)},
+        {"L ring128 w4 c14g1", mk(T128(), 14, 1)},
+        {"I ring128 w4 c12g1", mk(T128(), 12, 1)},
+        {"J ring128 w4 c4g1", mk(T128(), 4, 1)},
+        {"K ring128 w4 c2g1", mk(T128(), 2, 1)},
+    };
+    std::vector<std::vector<float>> times(cfgs.size() + 2);
+    auto call = [&](int i) {
+      if (i == 0) {
+        ST(portable_call<D, V>(p, ws, ws_bytes, dev, 0));
+      } else if (i == int(cfgs.size()) + 1) {  // floor: an empty kernel, cluster launch of 8
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(64);
+        cfg.blockDim = dim3(160);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 8;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, hopper::cluster_probe_kernel90<T128>));
+      } else {
+        cfgs[i - 1].run(nullptr);
+      }
+    };
+    const int n = int(cfgs.size()) + 2;
+    for (int i = 0; i < n; ++i)
+      for (int w = 0; w < 3; ++w) call(i);
+    CK(cudaDeviceSynchronize());
+    for (int r = 0; r < reps; ++r)
+      for (int i = 0; i < n; ++i) {
+        const int j = (r & 1) ? n - 1 - i : i;  // alternate the order
+        times[j].push_back(t.once([&] { call(j); }));
+      }
+    std::printf("\nsingle_decode bf16 32/8 heads d128 NHD kv_len %d (%.1f MB), median of %d, L2 flushed\n",
+                kv_len, bytes / 1e6, reps);
+    for (int i = 0; i < n; ++i) {
+      const float us = median(times[i]);
+      std::string plan = "";
+      const char* name = i == 0 ? "portable" : (i == n - 1 ? "empty cluster kernel" : cfgs[i - 1].name);
+      if (i > 0 && i < n - 1) {
+        hopper::DecodePlan90 pl;
+        cfgs[i - 1].run(&pl);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "cluster %lld x groups %lld, chunk %lld", (long long)pl.cluster,
+                      (long long)pl.groups, (long long)pl.chunk);
+        plan = buf;
+      }
+      std::printf("  %-24s %8.2f us %6.3f TB/s  %s\n", name, us, bytes / us / 1e6, plan.c_str());
+    }
+    cudaFree(q);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(o);
+    cudaFree(ws);
+  }
+}
+
+int main(int argc, char** argv) {
+  bool tests = true, do_bench = true;
+  int reps = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-tests")) tests = false;
+    if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+  }
+  DeviceInfo dev;
+  ST(current_device(&dev));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, dev.device));
+  std::printf("%s, %d SMs, smem/SM %d, smem/block %d, sm90 smem d64/128/256: %d/%d/%d\n", prop.name,
+              dev.sm_count, dev.smem_per_sm, dev.smem_per_block,
+              hopper::DecodeTraits90<64>::kSmemBytes, hopper::DecodeTraits90<128>::kSmemBytes,
+              hopper::DecodeTraits90<256>::kSmemBytes);
+  if (tests) {
+    const int max_kv = 40000, max_hq = 64;
+    Bufs b;
+    CK(cudaMalloc(&b.q, max_hq * 256 * 2));
+    CK(cudaMalloc(&b.o, max_hq * 256 * 2));
+    CK(cudaMalloc(&b.k, size_t(max_kv) * 8 * 256 * 2));
+    CK(cudaMalloc(&b.v, size_t(max_kv) * 8 * 256 * 2));
+    CK(cudaMalloc(&b.lse, max_hq * 4));
+    CK(cudaMalloc(&b.slopes, max_hq * 4));
+    b.ws_bytes = 64 << 20;
+    CK(cudaMalloc(&b.ws, b.ws_bytes));
+    hopper::DecodeKnobs90 def, small;
+    small.max_cluster = 2;  // forces groups > 1: the workspace + merge-kernel path
+    uint64_t seed = 1;
+    for (int kv : {1, 17, 64, 100, 1000, 4097, 32768}) {
+      for (int v = 0; v < 5; ++v) {
+        run_variant<128>(dev, b, VariantId(v), false, 8, 4, kv, def, seed++);
+      }
+      run_variant<128>(dev, b, kDefault, true, 8, 4, kv, def, seed++);
+      run_variant<128>(dev, b, kDefault, false, 8, 4, kv, small, seed++);
+      run_variant<128>(dev, b, kSigmoid, true, 8, 4, kv, small, seed++);
+      run_variant<64>(dev, b, kDefault, false, 8, 4, kv, def, seed++);
+      run_variant<64>(dev, b, kSoftCap, true, 2, 8, kv, def, seed++);
+      run_variant<256>(dev, b, kDefault, false, 8, 4, kv, def, seed++);
+      run_variant<256>(dev, b, kAlibi, true, 4, 2, kv, small, seed++);
+      run_variant<128>(dev, b, kDefault, false, 1, 32, kv, def, seed++);  // 4 head slices
+      run_variant<128>(dev, b, kSliding, true, 4, 1, kv, def, seed++);
+      run_variant<128>(dev, b, kDefault, false, 2, 5, kv, def, seed++);  // odd group
+    }
+    using W8 = hopper::DecodeTraits90<128, 128, 2>;
+    using W8r96 = hopper::DecodeTraits90<128, 96, 2>;
+    using W8r192 = hopper::DecodeTraits90<128, 192, 2>;
+    hopper::DecodeKnobs90 c16, c13;
+    c16.force_cluster = 16;
+    c13.force_cluster = 13;
+    c13.force_groups = 2;
+    for (int kv : {1, 100, 1000, 4097, 32768}) {
+      run_case<128, DefaultAttention<P>, W8>(dev, b, kDefault, false, 8, 4, kv, def, seed++);
+      run_case<128, Sigmoid<P>, W8>(dev, b, kSigmoid, true, 8, 4, kv, small, seed++);
+      run_case<128, LogitsSoftCap<P>, W8r96>(dev, b, kSoftCap, false, 8, 4, kv, c16, seed++);
+      run_case<128, DefaultAttention<P>, W8r192>(dev, b, kDefault, true, 2, 8, kv, def, seed++);
+      run_case<128, DefaultAttention<P>>(dev, b, kDefault, false, 8, 4, kv, c13, seed++);
+      run_case<128, Sigmoid<P>>(dev, b, kSigmoid, false, 8, 4, kv, c16, seed++);
+      run_case<64, DefaultAttention<P>, hopper::DecodeTraits90<64, 128, 2>>(dev, b, kDefault, false, 8, 4, kv, def, seed++);
+      run_case<256, ALiBi<P>, hopper::DecodeTraits90<256, 128, 2>>(dev, b, kAlibi, false, 8, 4, kv, def, seed++);
+    }
+    std::printf("%d failures\n", g_fail);
+  }
+  if (do_bench) bench(dev, reps);
+  return g_fail ? 1 : 0;
+}
