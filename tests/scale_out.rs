@@ -150,7 +150,7 @@ fn so_bytes_do_not_depend_on_where_the_sources_are() {
         "variant=default",
     ];
     let modules: [(&str, &[&str]); 5] = [
-        ("single_decode", &[]),
+        ("single_decode", &["backend=sm90"]),
         ("batch_decode", &["page_size=16"]),
         ("single_prefill", &["mask=causal", "backend=portable"]),
         ("batch_prefill_ragged", &["mask=causal", "backend=sm90"]),
