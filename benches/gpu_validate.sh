@@ -5,7 +5,9 @@
 # PyTorch fp32 reference; the public API: precompiled, JIT, custom variant, cupy; prefill through
 # the API, whose instances the test compiles through the loader) and the benchmarks. Logs go to
 # $OUT (ZIGLANG: see the install below). Sections can be chosen: gpu_validate.sh WHEEL [build]
-# [tests] [prefill] [prefill-portable] [bench] [loader] [compile] (default: all; prefill runs the
+# [tests] [decode-portable] [prefill] [prefill-portable] [bench] [bench-decode] [loader] [compile]
+# (default: all; tests runs the decode suite on each module's default backend (sm90 single decode
+# on Hopper), decode-portable again on the portable one; prefill runs the
 # prefill suite on the loader's backend choice, sm90 on Hopper, prefill-portable again on the
 # portable kernels; bench measures both backends and the loader; loader measures the loader
 # alone; compile times one cold instance build of each family on this machine). PREFILL_TIMEOUT:
@@ -17,7 +19,7 @@ OUT=${OUT:-/tmp/flashgen-gpu}
 mkdir -p "$OUT"
 WHEEL=${1:?usage: gpu_validate.sh WHEEL [build] [tests] [prefill] [bench]}
 shift
-SECTIONS=${*:-build tests prefill prefill-portable bench compile}
+SECTIONS=${*:-build tests decode-portable prefill prefill-portable bench bench-decode compile}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 SITE=/tmp/flashgen-site
 rm -rf "$SITE"
@@ -62,6 +64,13 @@ if want tests; then
   grep -E "^(FAILED|ERROR)|passed|failed|first call|per call|import flashgen" "$OUT/pytest.log" | tail -8
 fi
 
+if want decode-portable; then
+  FLASHGEN_TEST_SO_DIR=/tmp/flashgen-so FLASHGEN_TEST_BACKEND=portable timeout 240 python3 -m pytest -q \
+    -p no:cacheprovider -rs -x tests/python/test_decode_gpu.py > "$OUT/pytest_decode_portable.log" 2>&1
+  echo "pytest (decode, FLASHGEN_TEST_BACKEND=portable) rc=$?"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_decode_portable.log" | tail -8
+fi
+
 if want prefill; then
   t0=$(date +%s)
   timeout "${PREFILL_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_prefill_gpu.py \
@@ -87,6 +96,16 @@ fi
 if want bench || want loader; then
   timeout 120 python3 benches/bench_loader.py startup overhead > "$OUT/bench_loader.log" 2>&1
   echo "bench_loader rc=$?"; tail -6 "$OUT/bench_loader.log"
+fi
+
+if want bench-decode; then
+  # The instances of the build section; single_decode on each of its backends.
+  FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 150 python3 benches/bench_decode.py --backend sm90 \
+    --json "$OUT/decode_sm90.json" > "$OUT/bench_decode_sm90.log" 2>&1
+  echo "bench_decode --backend sm90 rc=$?"; tail -16 "$OUT/bench_decode_sm90.log"
+  FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 90 python3 benches/bench_decode.py --backend portable \
+    --single-only --json "$OUT/decode_portable.json" > "$OUT/bench_decode_portable.log" 2>&1
+  echo "bench_decode --backend portable --single-only rc=$?"; tail -8 "$OUT/bench_decode_portable.log"
 fi
 
 if want compile; then
