@@ -100,10 +100,10 @@ fi
 
 if want bench-decode; then
   # The instances of the build section; single_decode on each of its backends.
-  FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 150 python3 benches/bench_decode.py --backend sm90 \
+  FLASHGEN_BIN="$BIN" FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 150 python3 benches/bench_decode.py --backend sm90 \
     --json "$OUT/decode_sm90.json" > "$OUT/bench_decode_sm90.log" 2>&1
   echo "bench_decode --backend sm90 rc=$?"; tail -16 "$OUT/bench_decode_sm90.log"
-  FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 90 python3 benches/bench_decode.py --backend portable \
+  FLASHGEN_BIN="$BIN" FLASHGEN_BENCH_SO_DIR=/tmp/flashgen-so timeout 90 python3 benches/bench_decode.py --backend portable \
     --single-only --json "$OUT/decode_portable.json" > "$OUT/bench_decode_portable.log" 2>&1
   echo "bench_decode --backend portable --single-only rc=$?"; tail -8 "$OUT/bench_decode_portable.log"
 fi

@@ -987,6 +987,37 @@ def test_threads_sharing_a_stream_get_the_results_of_calls_made_alone() -> None:
             assert torch.equal(o2, o) and torch.equal(lse2, lse), f"thread {i}, call {n}: differs from the call alone"
 
 
+def test_a_thread_whose_first_cuda_work_is_a_flashgen_call() -> None:
+    """A fresh thread has no current CUDA context until its first runtime call binds one; the
+    Hopper kernels' host code calls the driver (tensor maps) before any launch, so it must bind
+    the context itself (a cold thread's sm90 single decode failed with CUDA_ERROR_INVALID_CONTEXT
+    before it did). Each module on the device's default backend, in a thread that does nothing
+    else: bitwise the main thread's results."""
+    import threading
+
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    q = rand((129, HKV * 4, 128), "bf16", gen)
+    k = rand((1000, HKV, 128), "bf16", gen)
+    v = rand((1000, HKV, 128), "bf16", gen)
+    cache, kv_indptr, kv_indices, last, _ = make_paged([300, 700], 16, HKV, 128, "NHD", "bf16", gen)
+    qo = indptr([29, 100])
+    calls = [
+        lambda: flashgen.single_prefill(q, k, v, causal=True),
+        lambda: flashgen.batch_prefill(q, qo, k, v, indptr([300, 700]), causal=True),
+        lambda: flashgen.batch_prefill_paged(q, qo, cache, kv_indptr, kv_indices, last, causal=True),
+    ]
+    for n, fn in enumerate(calls):
+        want = fn()
+        torch.cuda.synchronize()
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.append(fn()))
+        t.start()
+        t.join()
+        assert got, f"call {n} raised in the fresh thread (see the thread's traceback above)"
+        torch.cuda.synchronize()
+        assert torch.equal(got[0], want), f"call {n}: the fresh thread's result differs"
+
+
 # ---------------------------------------------------------------- strided inputs, out=, returns
 
 def test_strided_inputs_and_out() -> None:

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -53,24 +54,57 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-/** Host: cuTensorMapEncodeTiled from the driver, looked up once. */
-inline int get_encode_tiled(PFN_cuTensorMapEncodeTiled_v12000* fn) {
-  static PFN_cuTensorMapEncodeTiled_v12000 cached = nullptr;
-  if (cached == nullptr) {
+/** Host: the driver function `name` of `version`, looked up once per call site (`slot`). */
+template <typename Fn>
+inline int driver_entry(const char* name, int version, std::atomic<Fn>& slot, Fn* fn) {
+  Fn f = slot.load(std::memory_order_acquire);
+  if (f == nullptr) {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q);
     if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
       return fail(FLASHGEN_CUDA_ERROR,
-                  "cuTensorMapEncodeTiled not found in the CUDA driver (%s): the Hopper kernels need "
-                  "a driver for CUDA 12.0 or newer",
-                  cudaGetErrorString(err));
+                  "%s not found in the CUDA driver (%s): the Hopper kernels need a driver for CUDA "
+                  "12.0 or newer",
+                  name, cudaGetErrorString(err));
     }
-    cached = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    f = reinterpret_cast<Fn>(p);
+    slot.store(f, std::memory_order_release);
   }
-  *fn = cached;
+  *fn = f;
   return FLASHGEN_OK;
+}
+
+/**
+ * Host: gives the calling thread a current context, which the driver's tensor-map encoder needs.
+ * The runtime binds its device's primary context to a thread lazily, at the thread's first
+ * launch or allocation, so a thread whose first CUDA work is a call of a Hopper kernel had none,
+ * and cuTensorMapEncodeTiled failed with CUDA_ERROR_INVALID_CONTEXT (201): seen on the H200 when
+ * worker threads' first CUDA call was the sm90 single decode. cudaSetDevice of the runtime's
+ * current device binds that device's primary context (CUDA 12 and later), which is what the
+ * first launch would have done; a thread that has a context pays one cuCtxGetCurrent.
+ */
+inline int bind_current_context() {
+  static std::atomic<PFN_cuCtxGetCurrent_v4000> slot{nullptr};
+  PFN_cuCtxGetCurrent_v4000 get_current;
+  if (int st = driver_entry("cuCtxGetCurrent", 4000, slot, &get_current)) return st;
+  CUcontext ctx = nullptr;
+  if (get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr) return FLASHGEN_OK;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaSetDevice(dev);
+  if (err != cudaSuccess) {
+    return fail(FLASHGEN_CUDA_ERROR, "binding device %d's context to this thread: %s", dev,
+                cudaGetErrorString(err));
+  }
+  return FLASHGEN_OK;
+}
+
+/** Host: cuTensorMapEncodeTiled from the driver, with a context current on this thread. */
+inline int get_encode_tiled(PFN_cuTensorMapEncodeTiled_v12000* fn) {
+  static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> slot{nullptr};
+  if (int st = driver_entry("cuTensorMapEncodeTiled", 12000, slot, fn)) return st;
+  return bind_current_context();
 }
 
 /** Whether make_kv_map put rows in dimension 1 (else heads are dimension 1, rows dimension 2). */
