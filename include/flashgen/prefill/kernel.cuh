@@ -121,7 +121,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kRope = POS == kPosRopeLlama;
   constexpr bool kVarMask = has_variant_mask<Variant, Params>();
   constexpr bool kLinearBias = has_linear_bias<Variant, Params>::value;
-  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>() && !kLinearBias;
+  constexpr bool kTanhCap = kSoftmax && has_tanh_cap<Variant, Params>::value;
+  constexpr bool kVarLogits =
+      has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
   constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
   // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
   constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
@@ -399,6 +401,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     }
   }
 
+  // TanhCap: the logits transform is logit_scale * tanh.approx(s) when tanh_on (else the
+  // identity, logit_scale 1); the kernel applies tanh itself and folds logit_scale into the
+  // softmax FFMA and the row max.
+  bool tanh_on = false;
+  float logit_scale = 1.f;
+  (void)tanh_on;
+  (void)logit_scale;
+  if constexpr (kTanhCap) {
+    float sc = 1.f;
+    tanh_on = variant.TanhCap(params, sc);
+    if (tanh_on) logit_scale = sc;
+  }
+
   auto step = [&](int32_t kt, auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
@@ -468,6 +483,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
     }
 
+    // ---- tanh of TanhCap (its scale is applied in the softmax)
+    if constexpr (kTanhCap) {
+      if (tanh_on) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mq][nt][e] = math::ptx_tanh(s[mq][nt][e]);
+          }
+        }
+      }
+    }
+
     // ---- logits transform and masks
     if constexpr (kVarLogits || kMask) {
       const int32_t kv0 = kt * kTileKV + int32_t(2 * pair);
@@ -519,12 +548,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = kLinearBias ? -math::inf : m[mq][h];
+          float mx = (kLinearBias || kTanhCap) ? -math::inf : m[mq][h];
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
           }
           if constexpr (kLinearBias) mx = fmaxf(mx + row_base[mq][h], m[mq][h]);
+          if constexpr (kTanhCap) mx = fmaxf(mx * logit_scale, m[mq][h]);  // logit_scale > 0
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           tile_max[mq][h] = mx;
@@ -564,7 +594,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
             for (int e1 = 0; e1 < 2; ++e1) {
               // kExpFma of every 8 logits on the FMA pipe, the rest on MUFU (compile-time).
-              const float x = s[mq][nt][2 * h + e1] - m_ref;
+              const float x = kTanhCap ? fmaf(s[mq][nt][2 * h + e1], logit_scale, -m_ref)
+                                       : s[mq][nt][2 * h + e1] - m_ref;
               s[mq][nt][2 * h + e1] =
                   (2 * nt + e1) % 8 < kExpFma ? math::exp2_fma(x) : math::ptx_exp2(x);
             }
