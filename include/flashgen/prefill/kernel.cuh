@@ -84,12 +84,24 @@ constexpr bool has_variant_mask() {
 #define FLASHGEN_PREFILL_FIXED_MAX 1
 #endif
 
-/** 1: K/V tiles wholly inside kv_len copy without the per-row compare and selects (a
- *  warp-uniform branch). Measured in run 8 (NOTES-prefill.md): soft_cap -4 %, ALiBi -1.5 %, the
- *  default within noise, but a new 4/40 B spill in the ragged default kernel and no GPU run of
- *  the correctness cases yet: off. */
+/** K/V tiles wholly inside kv_len copy without the per-row compare and selects (a warp-uniform
+ *  branch): 0 never, 1 in every kernel, 2 in the kernels of variants with a LinearBias or TanhCap
+ *  hook only. Run 8 (NOTES-prefill.md): with 1, soft_cap -4 %, ALiBi -1.5 %, the default within
+ *  noise, but a 4/40 B spill in the ragged default kernel. Run 9: 2 against 0, ALiBi -1.7 %,
+ *  soft_cap (with TanhCap) unchanged, the other kernels identical. */
 #ifndef FLASHGEN_PREFILL_WHOLE_TILE_COPIES
-#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 0
+#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 2
+#endif
+
+/** 1: in causal masked tiles, a warp whose rows all lie before the tile's first key (the causal
+ *  mask removes the whole tile for it: P is exactly 0) skips its P V mma (a warp-uniform branch;
+ *  the barriers and copies still run). On the diagonal of a 128-row q tile this is the upper
+ *  half's warps in the second 64-key tile. 2 K/V stages only, and not in kernels with whole-tile
+ *  copies (together: a 164 B spill in the ALiBi kernel). Skipping Q K^T too, or Q K^T alone, made
+ *  ptxas spill in the single or ragged causal kernel. Run 9 (NOTES-prefill.md): single causal
+ *  8192 +1.4 % time, sliding_window -5 % TFLOP/s, ragged within noise: off. */
+#ifndef FLASHGEN_PREFILL_CAUSAL_WARP_SKIP
+#define FLASHGEN_PREFILL_CAUSAL_WARP_SKIP 0
 #endif
 
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
@@ -129,6 +141,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
                                  has_logits_range<Variant, Params>::value &&
                                  std::is_same<DTypeKV, __nv_bfloat16>::value;
+  constexpr bool kWholeTiles =
+      FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||
+      (FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 2 && (kLinearBias || kTanhCap));
+  // Not with whole-tile copies: the two together made ptxas spill 164 B in the ALiBi kernel.
+  constexpr bool kWarpSkip = FLASHGEN_PREFILL_CAUSAL_WARP_SKIP && MASK == kMaskCausal &&
+                             Traits::kStages == 2 && !kWholeTiles;
   constexpr int kExpFma = !kSoftmax ? 0
                           : kVarLogits ? FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
                                        : FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS;
@@ -238,7 +256,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
       // A tile wholly inside kv_len (all but the last) copies with no per-row checks: a
       // warp-uniform branch instead of a compare and two selects per 16-byte copy.
-      const bool whole = FLASHGEN_PREFILL_WHOLE_TILE_COPIES && kt * kTileKV + kTileKV <= kv_len;
+      const bool whole = kWholeTiles && kt * kTileKV + kTileKV <= kv_len;
       if constexpr (kPageFast) {
         auto copies = [&](auto whole_tag) {
 #pragma unroll
@@ -423,6 +441,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     __syncthreads();
     if constexpr (Traits::kStages == 2) issue(kt + 1, false);
 
+    // Causal: this warp's last row (the largest token) sees no key of this tile.
+    bool dead = false;
+    if constexpr (kMask && kWarpSkip) {
+      dead = kt * kTileKV > kv_len - qo_len + row_token[warp_row0 + Traits::kWarpRows - 1];
+    }
     float s[kMmaQ][kNT][4];
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -630,24 +653,26 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       load_pages(kt + 2);
     }
     const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
+    if (!dead) {  // P is exactly 0: nothing to add
 #pragma unroll
-    for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
-      uint32_t pa[kMmaQ][4];
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        pa[mq][0] = pf[mq][2 * ks][0];
-        pa[mq][1] = pf[mq][2 * ks][1];
-        pa[mq][2] = pf[mq][2 * ks + 1][0];
-        pa[mq][3] = pf[mq][2 * ks + 1][1];
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
+      for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
+        uint32_t pa[kMmaQ][4];
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+          pa[mq][0] = pf[mq][2 * ks][0];
+          pa[mq][1] = pf[mq][2 * ks][1];
+          pa[mq][2] = pf[mq][2 * ks + 1][0];
+          pa[mq][3] = pf[mq][2 * ks + 1][1];
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+          uint32_t b[4];
+          ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
+            ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+          }
         }
       }
     }
