@@ -257,20 +257,45 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       // A tile wholly inside kv_len (all but the last) copies with no per-row checks: a
       // warp-uniform branch instead of a compare and two selects per 16-byte copy.
       const bool whole = kWholeTiles && kt * kTileKV + kTileKV <= kv_len;
+      // Rows held densely at base + pos * stride: one 64-bit step per row.
+      auto dense_copies = [&](const DTypeKV* rows, int64_t stride) {
+        const DTypeKV* base = rows + copy_chunk * 8;
+        const DTypeKV* src = base + int64_t(pos0) * stride;
+        const int64_t step = int64_t(Traits::kCopyRows) * stride;
+        if (whole) {
+#pragma unroll
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src, 16u);
+            src += step;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
+                             valid ? 16u : 0u);
+            src += step;
+          }
+        }
+      };
       if constexpr (kPageFast) {
+        if constexpr (decltype(kv)::kKDense) {
+          // Rotated keys (RoPE) come from the dense workspace copy: the dense path's copies.
+          if (!is_v) {
+            dense_copies(kv.k_dense, kv.k_dense_stride);
+            ptx::cp_async_commit();
+            return;
+          }
+        }
         auto copies = [&](auto whole_tag) {
 #pragma unroll
           for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
             const int32_t pos = pos0 + i * Traits::kCopyRows;
             const bool valid = decltype(whole_tag)::value || pos < kv_len;
-            const DTypeKV* src;
-            if (!is_v && decltype(kv)::kKDense) {
-              src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
-            } else {
-              src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
-                    (is_v ? kv.stride_kv : 0) +
-                    int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
-            }
+            const DTypeKV* src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
+                                 (is_v ? kv.stride_kv : 0) +
+                                 int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) *
+                                     kv.stride_n;
             ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
                              valid ? 16u : 0u);
           }
@@ -291,25 +316,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
                            valid ? 16u : 0u);
         }
       } else {
-        const int64_t stride = is_v ? kv.v_stride_n : kv.k_stride_n;
-        const DTypeKV* base = (is_v ? kv.v : kv.k) + copy_chunk * 8;
-        const DTypeKV* src = base + int64_t(pos0) * stride;
-        const int64_t step = int64_t(Traits::kCopyRows) * stride;
-        if (whole) {
-#pragma unroll
-          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src, 16u);
-            src += step;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-            const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
-                             valid ? 16u : 0u);
-            src += step;
-          }
-        }
+        dense_copies(is_v ? kv.v : kv.k, is_v ? kv.v_stride_n : kv.k_stride_n);
       }
     }
     ptx::cp_async_commit();
