@@ -104,6 +104,15 @@ constexpr bool has_variant_mask() {
 #define FLASHGEN_PREFILL_CAUSAL_WARP_SKIP 0
 #endif
 
+/** Paged kernels whose tiles are whole pages: 0 hold the page indices of the next tile in
+ *  registers across the loop; 1 read them when the tile's copies are issued (L1 hits after an
+ *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels only. Run 9
+ *  (NOTES-prefill.md, sm_90a ptxas): with 0 the non-causal paged kernels spilled m and l
+ *  (232/284 B, 21 LDL + 14 STL per tile), with 1 the causal ones spilled (0 -> 36 B). */
+#ifndef FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE
+#define FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE 2
+#endif
+
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
 struct RowBias {
   float slope;
@@ -230,8 +239,18 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr int kRowsPerPage = kPageFast ? PAGE_SIZE / Traits::kCopyRows : 1;
   constexpr int kPagesPT = kPageFast ? kTileKV / PAGE_SIZE : Traits::kCopiesPerThread;
   int32_t pages[kPagesPT];
+  // kPagesAtIssue: no page indices held in registers across the loop; the copies read them
+  // when issued (L1 hits: a request's kv_indices are small and the K/V copies bypass L1), after
+  // an L1 prefetch a tile ahead.
+  constexpr bool kPagesAtIssue =
+      kPageFast && (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 1 ||
+                    (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone));
   auto load_pages = [&](int32_t kt) {
-    if constexpr (kPageFast) {
+    if constexpr (kPagesAtIssue) {
+      if (kt < kt_end && kt * kTileKV < kv_len) {
+        ptx::prefetch_l1(kv.pages + kt * (kTileKV / PAGE_SIZE));
+      }
+    } else if constexpr (kPageFast) {
 #pragma unroll
       for (int j = 0; j < kPagesPT; ++j) {
         const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
@@ -285,6 +304,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
             dense_copies(kv.k_dense, kv.k_dense_stride);
             ptx::cp_async_commit();
             return;
+          }
+        }
+        if constexpr (kPagesAtIssue) {
+#pragma unroll
+          for (int j = 0; j < kPagesPT; ++j) {
+            const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
+            pages[j] = pos < kv_len ? kv.page(uint32_t(pos)) : 0;
           }
         }
         auto copies = [&](auto whole_tag) {
