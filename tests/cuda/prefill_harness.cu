@@ -8,7 +8,7 @@
  *        ~3.5 min; -DPREFILL_D128_BENCH_ONLY only the D=128 default-variant benchmarks;
  *        -DPREFILL_VARIANT_BENCH_ONLY the variant-cost rows: single causal 8192 default,
  *        soft_cap, alibi, sigmoid, each between two default runs, then ragged, paged16 causal,
- *        paged16 non-causal, paged16 causal RoPE.)
+ *        paged16 non-causal, paged16 causal RoPE, paged1 causal.)
  *
  * Correctness: every case draws fresh random inputs (never zeros), poisons o and lse with NaN
  * bits and the workspace with 0xAB, runs the kernel and an independent naive fp32 reference on
@@ -487,6 +487,7 @@ int main(int argc, char** argv) {
     bench<kPaged, bf16, 128, C, Z, DefaultAttention, 16>("paged16 causal 16 x 512..4096", 32, 32, mix);
     bench<kPaged, bf16, 128, N, Z, DefaultAttention, 16>("paged16 none 16 x 512..4096", 32, 32, mix);
     bench<kPaged, bf16, 128, C, R, DefaultAttention, 16>("paged16 causal 16 x 512..4096 rope", 32, 32, mix);
+    bench<kPaged, bf16, 128, C, Z, DefaultAttention, 1>("paged1 causal 16 x 512..4096", 32, 32, mix);
 #else
     bench<kSingle, bf16, 128, N, Z, DefaultAttention>("single none d128 8192", 32, 32, s8k);
 #ifndef PREFILL_D128_BENCH_ONLY

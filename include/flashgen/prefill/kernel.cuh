@@ -106,11 +106,24 @@ constexpr bool has_variant_mask() {
 
 /** Paged kernels whose tiles are whole pages: 0 hold the page indices of the next tile in
  *  registers across the loop; 1 read them when the tile's copies are issued (L1 hits after an
- *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels only. Run 9
- *  (NOTES-prefill.md, sm_90a ptxas): with 0 the non-causal paged kernels spilled m and l
- *  (232/284 B, 21 LDL + 14 STL per tile), with 1 the causal ones spilled (0 -> 36 B). */
+ *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels of variants without
+ *  a per-logit transform (default, ALiBi, sliding window) only. Run 9 (NOTES-prefill.md, sm_90a
+ *  ptxas, bf16 d128 page 16): with 0 the non-causal default and ALiBi kernels spilled m and l
+ *  (224-232 B, 35 spill ops per tile in the loop; 2: 8-20 B, none in the loop); with 1 the
+ *  causal ones spilled (default 0 -> 36 B, ALiBi 4 -> 156 B); the non-causal soft_cap and
+ *  sigmoid kernels spill nothing with 0 and 28-36 B at issue. */
 #ifndef FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE
 #define FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE 2
+#endif
+
+/** 1: paged kernels with a page lookup per copied row (page sizes that do not tile the kv tile
+ *  in whole copy strides, page 1 among them) read each row's page index when the row's copy is
+ *  issued (L1 hits after an L1 prefetch a tile ahead) instead of holding the next tile's
+ *  kCopiesPerThread indices in registers across the loop. Run 9 (ptxas, bf16 d128 page 1):
+ *  causal default sm_80 232/208 -> 8/4 B, sm_90a 8 -> 8 B; causal ALiBi sm_90a 96/92 -> 8/8 B,
+ *  sm_80 108/60 -> 16/12 B; causal sigmoid sm_90a 180/156 -> 108/104 B, sm_80 36/28 -> 80/64 B. */
+#ifndef FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE
+#define FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE 1
 #endif
 
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
@@ -244,9 +257,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // an L1 prefetch a tile ahead.
   constexpr bool kPagesAtIssue =
       kPageFast && (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 1 ||
-                    (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone));
+                    (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone &&
+                     !kVarLogits && !kTanhCap));
+  // Paged kernels with a page lookup per copied row: the same, row by row.
+  constexpr bool kRowPagesAtIssue =
+      decltype(kv)::kPaged && !kPageFast && FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE;
   auto load_pages = [&](int32_t kt) {
-    if constexpr (kPagesAtIssue) {
+    if constexpr (kRowPagesAtIssue) {
+      // Lines of 32 indices from the tile's first (only indices of this request's pages).
+      constexpr int kEntries = (kTileKV + PAGE_SIZE - 1) / PAGE_SIZE + 1;
+      const int32_t entry = (kt * kTileKV) / PAGE_SIZE + int32_t(tid) * 32;
+      if (tid * 32 < uint32_t(kEntries) && kt < kt_end && entry * PAGE_SIZE < kv_len) {
+        ptx::prefetch_l1(kv.pages + entry);
+      }
+    } else if constexpr (kPagesAtIssue) {
       if (kt < kt_end && kt * kTileKV < kv_len) {
         ptx::prefetch_l1(kv.pages + kt * (kTileKV / PAGE_SIZE));
       }
@@ -337,6 +361,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           const int32_t pos = pos0 + i * Traits::kCopyRows;
           const bool valid = pos < kv_len;
           const uint32_t upos = valid ? uint32_t(pos) : 0u;
+          if constexpr (kRowPagesAtIssue) pages[i] = valid ? kv.page(upos) : 0;
           const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
           ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
                            valid ? 16u : 0u);
