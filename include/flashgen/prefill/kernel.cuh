@@ -120,10 +120,12 @@ constexpr bool has_variant_mask() {
  *  in whole copy strides, page 1 among them) read each row's page index when the row's copy is
  *  issued (L1 hits after an L1 prefetch a tile ahead) instead of holding the next tile's
  *  kCopiesPerThread indices in registers across the loop. Run 9 (ptxas, bf16 d128 page 1):
- *  causal default sm_80 232/208 -> 8/4 B, sm_90a 8 -> 8 B; causal ALiBi sm_90a 96/92 -> 8/8 B,
- *  sm_80 108/60 -> 16/12 B; causal sigmoid sm_90a 180/156 -> 108/104 B, sm_80 36/28 -> 80/64 B. */
+ *  causal default sm_80 232/208 -> 8/4 B, sm_90a 8 -> 28/60 B (harness build); causal ALiBi
+ *  sm_90a 96/92 -> 8/8 B, sm_80 108/60 -> 16/12 B; causal sigmoid sm_90a 180/156 -> 108/104 B,
+ *  sm_80 36/28 -> 80/64 B. But paged1 causal 16 x 512..4096 on the H200: 2.844 -> 3.34 ms
+ *  (+17 %): eight dependent index loads before each row's copy cost more than the spills: off. */
 #ifndef FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE
-#define FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE 1
+#define FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE 0
 #endif
 
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
