@@ -28,6 +28,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+/** Brings the line holding p into L1 (a hint: no register, no wait). */
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 /** 16-byte global->shared copy; reads `src_bytes` (0 or 16) and zero-fills the rest. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
 #if FLASHGEN_CP_ASYNC_L2_PREFETCH == 256

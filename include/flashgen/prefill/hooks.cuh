@@ -25,6 +25,12 @@
  *    prefill transform returns lies in [lo, hi] (base 2; soft_cap: +-cap * log2 e). When the
  *    weights 2^(x - hi) stay normal (hi - lo <= 120) and P is bf16 (8 exponent bits, as fp32),
  *    the kernel uses hi as a fixed softmax reference: no running max, no rescale of O.
+ *  - `bool TanhCap(params, float& scale)` (optional, softmax variants): LogitsTransformPrefill is
+ *    exactly `scale * tanh.approx(logits)` (scale > 0) when it returns true, the identity when it
+ *    returns false (the same for every logit of the call). The kernel then applies tanh.approx
+ *    itself (a warp-uniform branch around one MUFU op per logit) and folds scale into the
+ *    softmax's FFMA (`scale * t - reference`) and into the row max (a max over t, then one FMUL
+ *    per row): no FMUL and no select per logit.
  */
 #pragma once
 
@@ -97,6 +103,13 @@ struct has_logits_range<V, P,
                         std::void_t<decltype(std::declval<V&>().LogitsRange(
                             std::declval<const P&>(), std::declval<float&>(),
                             std::declval<float&>()))>> : std::true_type {};
+
+template <typename V, typename P, typename = void>
+struct has_tanh_cap : std::false_type {};
+template <typename V, typename P>
+struct has_tanh_cap<V, P,
+                    std::void_t<decltype(bool(std::declval<V&>().TanhCap(
+                        std::declval<const P&>(), std::declval<float&>())))>> : std::true_type {};
 
 template <typename V, typename P>
 __device__ __forceinline__ float logits_transform(V& v, const P& params, float logits,

@@ -84,12 +84,48 @@ constexpr bool has_variant_mask() {
 #define FLASHGEN_PREFILL_FIXED_MAX 1
 #endif
 
-/** 1: K/V tiles wholly inside kv_len copy without the per-row compare and selects (a
- *  warp-uniform branch). Measured in run 8 (NOTES-prefill.md): soft_cap -4 %, ALiBi -1.5 %, the
- *  default within noise, but a new 4/40 B spill in the ragged default kernel and no GPU run of
- *  the correctness cases yet: off. */
+/** K/V tiles wholly inside kv_len copy without the per-row compare and selects (a warp-uniform
+ *  branch): 0 never, 1 in every kernel, 2 in the kernels of variants with a LinearBias or TanhCap
+ *  hook only. Run 8 (NOTES-prefill.md): with 1, soft_cap -4 %, ALiBi -1.5 %, the default within
+ *  noise, but a 4/40 B spill in the ragged default kernel. Run 9: 2 against 0, ALiBi -1.7 %,
+ *  soft_cap (with TanhCap) unchanged, the other kernels identical. */
 #ifndef FLASHGEN_PREFILL_WHOLE_TILE_COPIES
-#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 0
+#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 2
+#endif
+
+/** 1: in causal masked tiles, a warp whose rows all lie before the tile's first key (the causal
+ *  mask removes the whole tile for it: P is exactly 0) skips its P V mma (a warp-uniform branch;
+ *  the barriers and copies still run). On the diagonal of a 128-row q tile this is the upper
+ *  half's warps in the second 64-key tile. 2 K/V stages only, and not in kernels with whole-tile
+ *  copies (together: a 164 B spill in the ALiBi kernel). Skipping Q K^T too, or Q K^T alone, made
+ *  ptxas spill in the single or ragged causal kernel. Run 9 (NOTES-prefill.md): single causal
+ *  8192 +1.4 % time, sliding_window -5 % TFLOP/s, ragged within noise: off. */
+#ifndef FLASHGEN_PREFILL_CAUSAL_WARP_SKIP
+#define FLASHGEN_PREFILL_CAUSAL_WARP_SKIP 0
+#endif
+
+/** Paged kernels whose tiles are whole pages: 0 hold the page indices of the next tile in
+ *  registers across the loop; 1 read them when the tile's copies are issued (L1 hits after an
+ *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels of variants without
+ *  a per-logit transform (default, ALiBi, sliding window) only. Run 9 (NOTES-prefill.md, sm_90a
+ *  ptxas, bf16 d128 page 16): with 0 the non-causal default and ALiBi kernels spilled m and l
+ *  (224-232 B, 35 spill ops per tile in the loop; 2: 8-20 B, none in the loop); with 1 the
+ *  causal ones spilled (default 0 -> 36 B, ALiBi 4 -> 156 B); the non-causal soft_cap and
+ *  sigmoid kernels spill nothing with 0 and 28-36 B at issue. */
+#ifndef FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE
+#define FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE 2
+#endif
+
+/** 1: paged kernels with a page lookup per copied row (page sizes that do not tile the kv tile
+ *  in whole copy strides, page 1 among them) read each row's page index when the row's copy is
+ *  issued (L1 hits after an L1 prefetch a tile ahead) instead of holding the next tile's
+ *  kCopiesPerThread indices in registers across the loop. Run 9 (ptxas, bf16 d128 page 1):
+ *  causal default sm_80 232/208 -> 8/4 B, sm_90a 8 -> 28/60 B (harness build); causal ALiBi
+ *  sm_90a 96/92 -> 8/8 B, sm_80 108/60 -> 16/12 B; causal sigmoid sm_90a 180/156 -> 108/104 B,
+ *  sm_80 36/28 -> 80/64 B. But paged1 causal 16 x 512..4096 on the H200: 2.844 -> 3.34 ms
+ *  (+17 %): eight dependent index loads before each row's copy cost more than the spills: off. */
+#ifndef FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE
+#define FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE 0
 #endif
 
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
@@ -121,12 +157,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kRope = POS == kPosRopeLlama;
   constexpr bool kVarMask = has_variant_mask<Variant, Params>();
   constexpr bool kLinearBias = has_linear_bias<Variant, Params>::value;
-  constexpr bool kVarLogits = has_own_logits_transform<Variant, Params>() && !kLinearBias;
+  constexpr bool kTanhCap = kSoftmax && has_tanh_cap<Variant, Params>::value;
+  constexpr bool kVarLogits =
+      has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
   constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
   // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
   constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
                                  has_logits_range<Variant, Params>::value &&
                                  std::is_same<DTypeKV, __nv_bfloat16>::value;
+  constexpr bool kWholeTiles =
+      FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||
+      (FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 2 && (kLinearBias || kTanhCap));
+  // Not with whole-tile copies: the two together made ptxas spill 164 B in the ALiBi kernel.
+  constexpr bool kWarpSkip = FLASHGEN_PREFILL_CAUSAL_WARP_SKIP && MASK == kMaskCausal &&
+                             Traits::kStages == 2 && !kWholeTiles;
   constexpr int kExpFma = !kSoftmax ? 0
                           : kVarLogits ? FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
                                        : FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS;
@@ -210,8 +254,29 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr int kRowsPerPage = kPageFast ? PAGE_SIZE / Traits::kCopyRows : 1;
   constexpr int kPagesPT = kPageFast ? kTileKV / PAGE_SIZE : Traits::kCopiesPerThread;
   int32_t pages[kPagesPT];
+  // kPagesAtIssue: no page indices held in registers across the loop; the copies read them
+  // when issued (L1 hits: a request's kv_indices are small and the K/V copies bypass L1), after
+  // an L1 prefetch a tile ahead.
+  constexpr bool kPagesAtIssue =
+      kPageFast && (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 1 ||
+                    (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone &&
+                     !kVarLogits && !kTanhCap));
+  // Paged kernels with a page lookup per copied row: the same, row by row.
+  constexpr bool kRowPagesAtIssue =
+      decltype(kv)::kPaged && !kPageFast && FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE;
   auto load_pages = [&](int32_t kt) {
-    if constexpr (kPageFast) {
+    if constexpr (kRowPagesAtIssue) {
+      // Lines of 32 indices from the tile's first (only indices of this request's pages).
+      constexpr int kEntries = (kTileKV + PAGE_SIZE - 1) / PAGE_SIZE + 1;
+      const int32_t entry = (kt * kTileKV) / PAGE_SIZE + int32_t(tid) * 32;
+      if (tid * 32 < uint32_t(kEntries) && kt < kt_end && entry * PAGE_SIZE < kv_len) {
+        ptx::prefetch_l1(kv.pages + entry);
+      }
+    } else if constexpr (kPagesAtIssue) {
+      if (kt < kt_end && kt * kTileKV < kv_len) {
+        ptx::prefetch_l1(kv.pages + kt * (kTileKV / PAGE_SIZE));
+      }
+    } else if constexpr (kPageFast) {
 #pragma unroll
       for (int j = 0; j < kPagesPT; ++j) {
         const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
@@ -236,43 +301,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
       // A tile wholly inside kv_len (all but the last) copies with no per-row checks: a
       // warp-uniform branch instead of a compare and two selects per 16-byte copy.
-      const bool whole = FLASHGEN_PREFILL_WHOLE_TILE_COPIES && kt * kTileKV + kTileKV <= kv_len;
-      if constexpr (kPageFast) {
-        auto copies = [&](auto whole_tag) {
-#pragma unroll
-          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-            const int32_t pos = pos0 + i * Traits::kCopyRows;
-            const bool valid = decltype(whole_tag)::value || pos < kv_len;
-            const DTypeKV* src;
-            if (!is_v && decltype(kv)::kKDense) {
-              src = kv.k_dense + int64_t(valid ? pos : 0) * kv.k_dense_stride;
-            } else {
-              src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
-                    (is_v ? kv.stride_kv : 0) +
-                    int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) * kv.stride_n;
-            }
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
-                             valid ? 16u : 0u);
-          }
-        };
-        if (whole) {
-          copies(std::true_type{});
-        } else {
-          copies(std::false_type{});
-        }
-      } else if constexpr (decltype(kv)::kPaged) {
-#pragma unroll
-        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-          const int32_t pos = pos0 + i * Traits::kCopyRows;
-          const bool valid = pos < kv_len;
-          const uint32_t upos = valid ? uint32_t(pos) : 0u;
-          const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
-          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
-                           valid ? 16u : 0u);
-        }
-      } else {
-        const int64_t stride = is_v ? kv.v_stride_n : kv.k_stride_n;
-        const DTypeKV* base = (is_v ? kv.v : kv.k) + copy_chunk * 8;
+      const bool whole = kWholeTiles && kt * kTileKV + kTileKV <= kv_len;
+      // Rows held densely at base + pos * stride: one 64-bit step per row.
+      auto dense_copies = [&](const DTypeKV* rows, int64_t stride) {
+        const DTypeKV* base = rows + copy_chunk * 8;
         const DTypeKV* src = base + int64_t(pos0) * stride;
         const int64_t step = int64_t(Traits::kCopyRows) * stride;
         if (whole) {
@@ -290,6 +322,54 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
             src += step;
           }
         }
+      };
+      if constexpr (kPageFast) {
+        if constexpr (decltype(kv)::kKDense) {
+          // Rotated keys (RoPE) come from the dense workspace copy: the dense path's copies.
+          if (!is_v) {
+            dense_copies(kv.k_dense, kv.k_dense_stride);
+            ptx::cp_async_commit();
+            return;
+          }
+        }
+        if constexpr (kPagesAtIssue) {
+#pragma unroll
+          for (int j = 0; j < kPagesPT; ++j) {
+            const int32_t pos = kt * kTileKV + j * PAGE_SIZE;
+            pages[j] = pos < kv_len ? kv.page(uint32_t(pos)) : 0;
+          }
+        }
+        auto copies = [&](auto whole_tag) {
+#pragma unroll
+          for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+            const int32_t pos = pos0 + i * Traits::kCopyRows;
+            const bool valid = decltype(whole_tag)::value || pos < kv_len;
+            const DTypeKV* src = kv.base + int64_t(pages[i / kRowsPerPage]) * kv.stride_page +
+                                 (is_v ? kv.stride_kv : 0) +
+                                 int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) *
+                                     kv.stride_n;
+            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                             valid ? 16u : 0u);
+          }
+        };
+        if (whole) {
+          copies(std::true_type{});
+        } else {
+          copies(std::false_type{});
+        }
+      } else if constexpr (decltype(kv)::kPaged) {
+#pragma unroll
+        for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+          const int32_t pos = pos0 + i * Traits::kCopyRows;
+          const bool valid = pos < kv_len;
+          const uint32_t upos = valid ? uint32_t(pos) : 0u;
+          if constexpr (kRowPagesAtIssue) pages[i] = valid ? kv.page(upos) : 0;
+          const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
+          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+                           valid ? 16u : 0u);
+        }
+      } else {
+        dense_copies(is_v ? kv.v : kv.k, is_v ? kv.v_stride_n : kv.k_stride_n);
       }
     }
     ptx::cp_async_commit();
@@ -399,6 +479,19 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     }
   }
 
+  // TanhCap: the logits transform is logit_scale * tanh.approx(s) when tanh_on (else the
+  // identity, logit_scale 1); the kernel applies tanh itself and folds logit_scale into the
+  // softmax FFMA and the row max.
+  bool tanh_on = false;
+  float logit_scale = 1.f;
+  (void)tanh_on;
+  (void)logit_scale;
+  if constexpr (kTanhCap) {
+    float sc = 1.f;
+    tanh_on = variant.TanhCap(params, sc);
+    if (tanh_on) logit_scale = sc;
+  }
+
   auto step = [&](int32_t kt, auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
@@ -408,6 +501,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     __syncthreads();
     if constexpr (Traits::kStages == 2) issue(kt + 1, false);
 
+    // Causal: this warp's last row (the largest token) sees no key of this tile.
+    bool dead = false;
+    if constexpr (kMask && kWarpSkip) {
+      dead = kt * kTileKV > kv_len - qo_len + row_token[warp_row0 + Traits::kWarpRows - 1];
+    }
     float s[kMmaQ][kNT][4];
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -468,6 +566,20 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
     }
 
+    // ---- tanh of TanhCap (its scale is applied in the softmax)
+    if constexpr (kTanhCap) {
+      if (tanh_on) {
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mq][nt][e] = math::ptx_tanh(s[mq][nt][e]);
+          }
+        }
+      }
+    }
+
     // ---- logits transform and masks
     if constexpr (kVarLogits || kMask) {
       const int32_t kv0 = kt * kTileKV + int32_t(2 * pair);
@@ -519,12 +631,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = kLinearBias ? -math::inf : m[mq][h];
+          float mx = (kLinearBias || kTanhCap) ? -math::inf : m[mq][h];
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             mx = fmaxf(mx, fmaxf(s[mq][nt][2 * h], s[mq][nt][2 * h + 1]));
           }
           if constexpr (kLinearBias) mx = fmaxf(mx + row_base[mq][h], m[mq][h]);
+          if constexpr (kTanhCap) mx = fmaxf(mx * logit_scale, m[mq][h]);  // logit_scale > 0
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           tile_max[mq][h] = mx;
@@ -564,7 +677,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
             for (int e1 = 0; e1 < 2; ++e1) {
               // kExpFma of every 8 logits on the FMA pipe, the rest on MUFU (compile-time).
-              const float x = s[mq][nt][2 * h + e1] - m_ref;
+              const float x = kTanhCap ? fmaf(s[mq][nt][2 * h + e1], logit_scale, -m_ref)
+                                       : s[mq][nt][2 * h + e1] - m_ref;
               s[mq][nt][2 * h + e1] =
                   (2 * nt + e1) % 8 < kExpFma ? math::exp2_fma(x) : math::ptx_exp2(x);
             }
@@ -599,24 +713,26 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       load_pages(kt + 2);
     }
     const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
+    if (!dead) {  // P is exactly 0: nothing to add
 #pragma unroll
-    for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
-      uint32_t pa[kMmaQ][4];
-#pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        pa[mq][0] = pf[mq][2 * ks][0];
-        pa[mq][1] = pf[mq][2 * ks][1];
-        pa[mq][2] = pf[mq][2 * ks + 1][0];
-        pa[mq][3] = pf[mq][2 * ks + 1][1];
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDT / 2; ++dp) {
-        uint32_t b[4];
-        ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
+      for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
+        uint32_t pa[kMmaQ][4];
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+          pa[mq][0] = pf[mq][2 * ks][0];
+          pa[mq][1] = pf[mq][2 * ks][1];
+          pa[mq][2] = pf[mq][2 * ks + 1][0];
+          pa[mq][3] = pf[mq][2 * ks + 1][1];
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDT / 2; ++dp) {
+          uint32_t b[4];
+          ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
+            ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+          }
         }
       }
     }

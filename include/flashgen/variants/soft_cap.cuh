@@ -39,6 +39,13 @@ struct LogitsSoftCap : AttentionVariantBase<ParamsT_> {
     return cap_log2e > 0.f ? cap_log2e * math::ptx_tanh(logits) : logits;
   }
 
+  /** Prefill (prefill/hooks.cuh): LogitsTransformPrefill is cap_log2e * tanh.approx(logits)
+   *  with a cap, the identity without one; the kernel applies it in this factored form. */
+  __device__ __forceinline__ bool TanhCap(const ParamsT&, float& scale) {
+    scale = cap_log2e;
+    return cap_log2e > 0.f;
+  }
+
   /** Prefill (prefill/hooks.cuh): capped logits lie in [-cap, cap] * log2(e); unbounded without
    *  a cap. */
   __device__ __forceinline__ void LogitsRange(const ParamsT&, float& lo, float& hi) {
