@@ -670,6 +670,9 @@ int main(int argc, char** argv) {
     bench<S1, bf16, 64, C, Z, DefaultAttention>("single causal d64 8192", 32, 32, {8192});
     bench<S1, bf16, 256, C, Z, DefaultAttention>("single causal d256 8192", 32, 32, {8192});
     bench<S1, bf16, 128, C, R, DefaultAttention>("single causal d128 8192 rope", 32, 32, {8192});
+    // Variant cost (issue 8's < 5 %): the same shape as the default row above.
+    bench<S1, bf16, 128, C, Z, LogitsSoftCap>("single causal d128 8192 soft_cap", 32, 32, {8192});
+    bench<S1, bf16, 128, C, Z, ALiBi>("single causal d128 8192 alibi", 32, 32, {8192});
 #endif
     std::printf("\n| case | sm90 ms | sm90 TFLOP/s | portable ms | portable TFLOP/s |\n"
                 "| --- | --- | --- | --- | --- |\n");
