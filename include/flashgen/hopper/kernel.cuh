@@ -146,7 +146,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kGather = kPaged && !kPagedTma;
   constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
-  constexpr bool kVarLogits = prefill::has_own_logits_transform<Variant, Params>();
+  // TanhCap (prefill/hooks.cuh): the transform is scale * tanh.approx(s) when the variant says
+  // so; the kernel applies tanh itself and folds the scale into the exp2's FFMA and the row max,
+  // as the portable kernel does (no FMUL and no select per logit).
+  constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
+  constexpr bool kVarLogits = prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap;
   constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -423,6 +427,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
   const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
   Variant variant(params, w.batch, variant_smem);
+  bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
+  float logit_scale = 1.f;
+  (void)tanh_on;
+  (void)logit_scale;
+  if constexpr (kTanhCap) {
+    float sc = 1.f;
+    tanh_on = variant.TanhCap(params, sc);
+    if (tanh_on) logit_scale = sc;
+  }
   named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
   // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
@@ -531,6 +544,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // completes).
   auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    if constexpr (kTanhCap) {
+      if (tanh_on) {
+#pragma unroll
+        for (int i = 0; i < kS; ++i) s[i] = math::ptx_tanh(s[i]);
+      }
+    }
     if constexpr (kVarLogits || kMask) {
       const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);
 #pragma unroll
@@ -564,7 +583,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int k = 0; k < kReduce; ++k) mp[h][k] = m[h];
+        for (int k = 0; k < kReduce; ++k) mp[h][k] = kTanhCap ? -math::inf : m[h];
       }
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
@@ -579,6 +598,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         scale[h] = 1.f;
@@ -598,12 +618,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
         constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
+        const float x = kTanhCap ? fmaf(s[i], logit_scale, -m_ref[h]) : s[i] - m_ref[h];
         if constexpr (kEvery > 0 && !kMask) {
           // mask-free tile: every score is finite (no -inf reaches exp2_fma)
-          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(s[i] - m_ref[h])
-                                            : math::ptx_exp2(s[i] - m_ref[h]);
+          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(x) : math::ptx_exp2(x);
         } else {
-          s[i] = math::ptx_exp2(s[i] - m_ref[h]);
+          s[i] = math::ptx_exp2(x);
         }
         sp[h][(i / 4) % kReduce] += s[i];
       }
