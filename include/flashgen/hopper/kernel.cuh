@@ -150,7 +150,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // so; the kernel applies tanh itself and folds the scale into the exp2's FFMA and the row max,
   // as the portable kernel does (no FMUL and no select per logit).
   constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
-  constexpr bool kVarLogits = prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap;
+  // LinearBias (prefill/hooks.cuh, ALiBi): s + slope * (kv - origin) as one FFMA per logit
+  // with the column's constant offset; the row's part of a tile, slope * (kv0 - origin), is kept
+  // apart and folded into the row max and the exp2's reference, as the portable kernel does.
+  constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
+  constexpr bool kVarLogits =
+      prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
   constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -488,6 +493,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
   }
   const uint32_t quad = lane % 4;
+  float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
+  int32_t origin[2] = {0, 0};
+  (void)slope;
+  (void)origin;
+  if constexpr (kLinearBias) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (tok[h] < qo_len) {
+        variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
+                           origin[h]);
+      }
+    }
+  }
 
   float o[kO];
 #pragma unroll
@@ -544,6 +562,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // completes).
   auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    float row_base[2] = {0.f, 0.f};
+    (void)row_base;
+    if constexpr (kLinearBias) {
+      const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_base[h] = slope[h] * float(kv0 - origin[h]);
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const int h = (i / 2) % 2;
+        s[i] = fmaf(slope[h], float(8 * (i / 4) + (i % 2)), s[i]);
+        if constexpr (!kSoftmax) s[i] += row_base[h];
+      }
+    }
     if constexpr (kTanhCap) {
       if (tanh_on) {
 #pragma unroll
@@ -583,7 +614,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int k = 0; k < kReduce; ++k) mp[h][k] = kTanhCap ? -math::inf : m[h];
+        for (int k = 0; k < kReduce; ++k) mp[h][k] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
       }
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
@@ -599,6 +630,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
+        if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         scale[h] = 1.f;
@@ -607,7 +639,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           m[h] = mx[h];
         }
       }
-      const float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
+      float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
+      if constexpr (kLinearBias) {
+        m_ref[0] -= row_base[0];
+        m_ref[1] -= row_base[1];
+      }
       float sp[2][kReduce];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
