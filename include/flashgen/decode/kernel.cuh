@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "flashgen/decode/softmax.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
 #include "flashgen/math.cuh"
@@ -233,30 +234,7 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
       s[e] = x;
     }
 
-    if constexpr (kSoftmax) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float mx = fmaxf(s[j], s[j + 2]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m[j], mx);
-        const float m_ref = m_new == -math::inf ? 0.f : m_new;
-        const float scale = math::ptx_exp2(m[j] - m_ref);
-        s[j] = math::ptx_exp2(s[j] - m_ref);
-        s[j + 2] = math::ptx_exp2(s[j + 2] - m_ref);
-        dsum[j] = dsum[j] * scale + s[j] + s[j + 2];
-        m[j] = m_new;
-#pragma unroll
-        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-          acc[mt][j] *= scale;
-          acc[mt][j + 2] *= scale;
-        }
-      }
-    } else {
-      dsum[0] += s[0] + s[2];
-      dsum[1] += s[1] + s[3];
-    }
+    online_softmax_tile<kSoftmax>(s, m, dsum, acc);
 
     // P^T as the B operand of O^T = V^T P^T: transpose the two 8x8 token x head blocks.
     const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/softmax.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
@@ -391,30 +392,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           s[e] = x;
         }
-        if constexpr (kSoftmax) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            float mx = fmaxf(s[j], s[j + 2]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-            const float m_new = fmaxf(m[j], mx);
-            const float m_ref = m_new == -math::inf ? 0.f : m_new;
-            const float scale = math::ptx_exp2(m[j] - m_ref);
-            s[j] = math::ptx_exp2(s[j] - m_ref);
-            s[j + 2] = math::ptx_exp2(s[j + 2] - m_ref);
-            dsum[j] = dsum[j] * scale + s[j] + s[j + 2];
-            m[j] = m_new;
-#pragma unroll
-            for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-              acc[mt][j] *= scale;
-              acc[mt][j + 2] *= scale;
-            }
-          }
-        } else {
-          dsum[0] += s[0] + s[2];
-          dsum[1] += s[1] + s[3];
-        }
+        decode::online_softmax_tile<kSoftmax>(s, m, dsum, acc);
         const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));
         const uint32_t b1 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[2], s[3]));
 #pragma unroll
