@@ -562,10 +562,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // completes).
   auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);  // this thread's first column
+    (void)kv0;
     float row_base[2] = {0.f, 0.f};
     (void)row_base;
     if constexpr (kLinearBias) {
-      const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);
 #pragma unroll
       for (int h = 0; h < 2; ++h) row_base[h] = slope[h] * float(kv0 - origin[h]);
 #pragma unroll
@@ -582,7 +583,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     if constexpr (kVarLogits || kMask) {
-      const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
