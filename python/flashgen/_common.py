@@ -204,6 +204,7 @@ class Workspaces:
         self._locks_lock = threading.Lock()
 
     def _lock(self, key: tuple[str, int, int]) -> threading.Lock:
+        """The key's lock, made once (a plain lookup when it exists)."""
         lock = self._locks.get(key)
         if lock is None:
             with self._locks_lock:
@@ -216,7 +217,7 @@ class Workspaces:
         returns the held lock, the address and the size; the caller releases the lock once its
         kernels are enqueued (or the launch failed)."""
         key = (fw.name, device, stream)
-        lock = self._locks.get(key) or self._lock(key)
+        lock = self._lock(key)
         lock.acquire()
         try:
             cur = self._bufs.get(key)
