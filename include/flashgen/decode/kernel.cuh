@@ -251,12 +251,7 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   ptx::cp_async_wait<0>();
 
   // The denominator over all of this warp's tokens (lanes of one column pair share a head).
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 4);
-    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 8);
-    dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 16);
-  }
+  reduce_denominator(dsum);
 
   // Combine the warps in shared memory (the rings are free once every warp is done).
   __syncthreads();
@@ -264,22 +259,7 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   float* c_m = reinterpret_cast<float*>(smem + Traits::kVariantSmemBytes);  // [warp][head]
   float* c_d = c_m + Traits::kWarps * kH;                                   // [warp][head]
   float* c_o = c_d + Traits::kWarps * kH;                                   // [warp][head][dim]
-  if (group == 0) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      c_m[warp * kH + 2 * pair + j] = m[j];
-      c_d[warp * kH + 2 * pair + j] = dsum[j];
-    }
-  }
-#pragma unroll
-  for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = 2 * pair + (e & 1);
-      const int d = mt * 16 + group + 8 * (e >> 1);
-      c_o[(warp * kH + h) * kD + d] = acc[mt][e];
-    }
-  }
+  store_warp_state<Traits::kMTiles, kH, kD>(c_m, c_d, c_o, warp, group, pair, m, dsum, acc);
   __syncthreads();
 
   for (uint32_t idx = threadIdx.x; idx < num_heads * kD; idx += Traits::kThreads) {

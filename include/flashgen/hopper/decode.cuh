@@ -405,12 +405,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(empty_bar + 8 * slot);
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 4);
-      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 8);
-      dsum[j] += __shfl_xor_sync(0xffffffffu, dsum[j], 16);
-    }
+    decode::reduce_denominator(dsum);
   }
 
   // Combine the consumer warps (the ring is free: every stage was waited on).
@@ -419,22 +414,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float* c_d = c_m + kW * kH;                   // [warp][head]
   float* c_o = c_d + kW * kH;                   // [warp][head][dim]
   if (warp < kW) {
-    if (group == 0) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        c_m[warp * kH + 2 * pair + j] = m[j];
-        c_d[warp * kH + 2 * pair + j] = dsum[j];
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = 2 * pair + (e & 1);
-        const int d = mt * 16 + group + 8 * (e >> 1);
-        c_o[(warp * kH + h) * kD + d] = acc[mt][e];
-      }
-    }
+    decode::store_warp_state<Traits::kMTiles, kH, kD>(c_m, c_d, c_o, warp, group, pair, m, dsum,
+                                                     acc);
   }
   __syncthreads();
   // This CTA's partial: normalized output [head][dim] and its base-2 LSE (softmax) or sum of
