@@ -25,38 +25,15 @@
 #include <functional>
 #include <vector>
 
-#define ADDITIONAL_PARAMS_DECL \
-  float logits_soft_cap;       \
-  int32_t window_left;         \
-  const float* alibi_slopes;   \
-  float sigmoid_bias;
-
-#include "flashgen/variant.cuh"
-#include "flashgen/variants/alibi.cuh"
-#include "flashgen/variants/default.cuh"
-#include "flashgen/variants/sigmoid.cuh"
-#include "flashgen/variants/sliding_window.cuh"
-#include "flashgen/variants/soft_cap.cuh"
-#include "flashgen/variant_hooks.cuh"
+#include "harness_base.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/decode/kernel.cuh"
 #include "flashgen/decode/merge.cuh"
 #include "flashgen/hopper/decode.cuh"
 
-using namespace flashgen;
-using bf16 = __nv_bfloat16;
 using P = SingleDecodeParams<bf16, bf16, bf16>;
 
 static int g_fail = 0;
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                      \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 #define ST(...)                                                         \
   do {                                                                  \
     int s_ = (__VA_ARGS__);                                                       \

@@ -33,37 +33,13 @@
 #include <type_traits>
 #include <vector>
 
-#define ADDITIONAL_PARAMS_DECL \
-  float logits_soft_cap;       \
-  int32_t window_left;         \
-  const float* alibi_slopes;   \
-  float sigmoid_bias;
-
-#include "flashgen/variant.cuh"
-#include "flashgen/variants/alibi.cuh"
-#include "flashgen/variants/default.cuh"
-#include "flashgen/variants/sigmoid.cuh"
-#include "flashgen/variants/sliding_window.cuh"
-#include "flashgen/variants/soft_cap.cuh"
-#include "flashgen/variant_hooks.cuh"
+#include "harness_base.cuh"
 #include "flashgen/prefill/launch.cuh"
 #include "flashgen/hopper/launch.cuh"
-
-using namespace flashgen;
-using bf16 = __nv_bfloat16;
 
 static int g_failures = 0;
 static int g_reps = 25;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                      \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 struct Rng {
   uint64_t s;

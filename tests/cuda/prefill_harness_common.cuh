@@ -1,10 +1,10 @@
 /**
  * The pieces the prefill harnesses share (prefill_harness.cu, the portable kernels;
- * hopper_paged_harness.cu, the Hopper paged kernels and graph replay): the instance macros and
- * includes, the CUDA check macro, the random inputs and poisoning, the independent fp32
- * reference on the GPU, the checks with their tolerances, and the Problem builder (single,
- * ragged and paged inputs, shuffled pages, NHD or HND, empty requests, RoPE offsets). Each
- * harness adds its own kernel calls, cases and benchmarks.
+ * hopper_paged_harness.cu, the Hopper paged kernels and graph replay) beyond harness_base.cuh
+ * (the instance macros and the CUDA check macro): the prefill includes, the random inputs and
+ * poisoning, the independent fp32 reference on the GPU, the checks with their tolerances, and
+ * the Problem builder (single, ragged and paged inputs, shuffled pages, NHD or HND, empty
+ * requests, RoPE offsets). Each harness adds its own kernel calls, cases and benchmarks.
  */
 #pragma once
 
@@ -21,36 +21,10 @@
 #include <string>
 #include <vector>
 
-// The instance macros this harness needs: the union of the tested variants' parameters.
-#define ADDITIONAL_PARAMS_DECL \
-  float logits_soft_cap;       \
-  int32_t window_left;         \
-  const float* alibi_slopes;   \
-  float sigmoid_bias;
-
-#include "flashgen/variant.cuh"
-#include "flashgen/variants/alibi.cuh"
-#include "flashgen/variants/default.cuh"
-#include "flashgen/variants/sigmoid.cuh"
-#include "flashgen/variants/sliding_window.cuh"
-#include "flashgen/variants/soft_cap.cuh"
-#include "flashgen/variant_hooks.cuh"
+#include "harness_base.cuh"
 #include "flashgen/prefill/launch.cuh"
 
-using namespace flashgen;
-using bf16 = __nv_bfloat16;
-
 static int g_failures = 0;
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                  \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 enum Kind { kSingle = 0, kRagged = 1, kPaged = 2 };
 

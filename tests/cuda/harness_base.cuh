@@ -1,0 +1,41 @@
+/**
+ * What every standalone kernel harness starts with (prefill_harness_common.cuh for the prefill
+ * harnesses, hopper_prefill_harness.cu, hopper_decode_harness.cu): the instance macro holding
+ * the union of the tested variants' parameters, the built-in variants, and the CUDA check
+ * macro. Each harness includes its kernels' headers after this one.
+ */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+// The instance macros the harnesses need: the union of the tested variants' parameters.
+#define ADDITIONAL_PARAMS_DECL \
+  float logits_soft_cap;       \
+  int32_t window_left;         \
+  const float* alibi_slopes;   \
+  float sigmoid_bias;
+
+#include "flashgen/variant.cuh"
+#include "flashgen/variants/alibi.cuh"
+#include "flashgen/variants/default.cuh"
+#include "flashgen/variants/sigmoid.cuh"
+#include "flashgen/variants/sliding_window.cuh"
+#include "flashgen/variants/soft_cap.cuh"
+#include "flashgen/variant_hooks.cuh"
+
+using namespace flashgen;
+using bf16 = __nv_bfloat16;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
+                   __LINE__, cudaGetErrorString(e_));                                      \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
