@@ -8,7 +8,7 @@
  * check); graph cases capture once with lengths A and replay with lengths B (same batch size).
  *
  * Build: tests/cuda/run_hopper_paged_harness.sh [out_dir]   (sm_90a, -Xptxas -v report)
- * Run:   ./hopper_paged_harness [--no-bench] [--no-tests] [--reps N]
+ * Run:   ./hopper_paged_harness [--no-bench] [--no-tests] [--reps N] [--seq-pages]
  * Benchmarks: Hopper ragged vs Hopper paged (16, 1) vs portable paged / ragged on the same
  * lengths, cudaEvents around one call, L2 flushed (256 MB memset) before each, median of N.
  */
@@ -16,6 +16,7 @@
 #include "flashgen/hopper/launch.cuh"
 
 static int g_reps = 25;
+static bool g_seq_pages = false;  // --seq-pages: benches keep pages in order (no shuffle)
 
 template <bool H, Kind K, int D, int MASK, int POS, int PAGE, typename Variant, typename Params>
 static int call_kernel(const Params& p, int64_t total_q, int64_t kv_rows, void* ws, int64_t bytes,
@@ -306,7 +307,9 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
     std::vector<int> idx(pages);
     Rng r(5);
     for (int i = 0; i < pages; ++i) idx[i] = i;
-    for (int i = pages - 1; i > 0; --i) std::swap(idx[i], idx[r.below(i + 1)]);
+    if (!g_seq_pages) {
+      for (int i = pages - 1; i > 0; --i) std::swap(idx[i], idx[r.below(i + 1)]);
+    }
     kv_indices.alloc(pages);
     kv_indices.up(idx);
     kv_indptr.up(indptr);
@@ -355,6 +358,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--no-bench")) benches = false;
     if (!std::strcmp(argv[i], "--no-tests")) tests = false;
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--seq-pages")) g_seq_pages = true;
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));

@@ -74,6 +74,14 @@ struct HopperBlock {
 #define FLASHGEN_HOPPER_BLOCK_ORDER 0
 #endif
 
+/** Dynamic block order: 1, a persistent CTA's first block is blockIdx.x and each next one comes
+ *  from an atomic counter in the workspace (zeroed by the prep kernel), so CTAs take the
+ *  (heavy-first) blocks in order as they free up; 0, the static order of block_of. Where it
+ *  applies: hopper_dynamic_order. */
+#ifndef FLASHGEN_HOPPER_DYNAMIC
+#define FLASHGEN_HOPPER_DYNAMIC 1
+#endif
+
 /** Experiment (FA4's trick): in mask-free tiles, every N-th score's exp2 on the FMA pipe
  *  (exp2_fma) instead of the MUFU unit, which computes 16 exp2 per clock per SM. 0: off. */
 #ifndef FLASHGEN_HOPPER_EXP2_FMA_EVERY
@@ -102,9 +110,27 @@ __device__ __forceinline__ float exp2_fma(float x) {
 #define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
 #endif
 
+/** Paged K/V by TMA: 1, warp 0 issues a tile's boxes, one per lane, each lane loading its page
+ *  id a tile ahead; 0, one thread loads the tile's page ids and issues every box (run 6's B). */
+#ifndef FLASHGEN_HOPPER_PAGED_WARP_ISSUE
+#define FLASHGEN_HOPPER_PAGED_WARP_ISSUE 1
+#endif
+
 #ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
+
+/** Whether a kernel takes its blocks in the dynamic order (host and device: the launch sizes
+ *  the grid and has the prep kernel zero the counter accordingly). Batch kernels over
+ *  contiguous K/V only. Single prefill keeps the static order: zeroing the counter needs a
+ *  memset node ahead of the kernel (no prep kernel there), which cost causal 1024 7 %, and the
+ *  persistent grid cost causal d256 8192 7.5 % (session 10's A/B, NOTES-hopper.md). Paged
+ *  producers keep it too: reading the ring cost the 24-register copy warp 44-92 bytes of
+ *  spills. */
+template <bool BATCH, int PAGE_SIZE>
+__host__ __device__ constexpr bool hopper_dynamic_order() {
+  return FLASHGEN_HOPPER_DYNAMIC != 0 && BATCH && PAGE_SIZE == 0;
+}
 
 /**
  * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). PAGE_SIZE >= 1 (paged): the 128
@@ -120,7 +146,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                           const __grid_constant__ KVTensorMaps maps, const Sched sched,
                           const KVMapOrder order_k, const KVMapOrder order_v,
                           const prefill::Partials part, const uint32_t num_blocks,
-                          const typename Params::DTypeKV* rope_k, const PagedMapOrder porder) {
+                          const typename Params::DTypeKV* rope_k, const PagedMapOrder porder,
+                          uint32_t* const block_counter) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // built for another architecture: the launcher refuses non-Hopper devices
 #else
@@ -173,6 +200,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto empty_k = [&](uint32_t s) { return bar + 8 * (2 * kStages + s); };
   auto empty_v = [&](uint32_t s) { return bar + 8 * (3 * kStages + s); };
 
+  // Dynamic order: the scheduler thread publishes each round's block in a two-slot ring.
+  const uint32_t sched_bar = base + Traits::kSchedOffset;
+  auto sched_full = [&](uint32_t k) { return sched_bar + 8 * k; };
+  auto sched_empty = [&](uint32_t k) { return sched_bar + 8 * (2 + k); };
+  volatile uint32_t* sched_slot =
+      reinterpret_cast<volatile uint32_t*>(smem + Traits::kSchedOffset + 32);
+  constexpr bool kDynamic =
+      hopper_dynamic_order<std::is_same<Sched, prefill::BatchSched>::value, PAGE_SIZE>();
+
   const uint32_t tid = threadIdx.x;
   const uint32_t wg = tid / 128;
   if (tid == 0) {
@@ -184,6 +220,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbar_init(empty_v(s), Traits::kConsumerWarps);
     }
     mbar_init(bar + 8 * 4 * kStages, 1);  // paged TMA: the tail tile's V
+    mbar_init(sched_full(0), 1);
+    mbar_init(sched_full(1), 1);
+    mbar_init(sched_empty(0), Traits::kConsumerWarps + 1);  // + the copy-issuing warp
+    mbar_init(sched_empty(1), Traits::kConsumerWarps + 1);
     mbar_init_fence();
   }
   if (!kGather && tid == 32) {
@@ -253,10 +293,140 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return true;
   };
 
+  // The block of round `round`. Dynamic: the scheduler thread (warp 1 of the producer
+  // warpgroup, which issues no copies) fetches each block after the first from the counter and
+  // publishes it; the copy-issuing warp and the consumer warps read it from the ring, each warp
+  // releasing the slot once its lanes have read it. `mask`: the lanes of the calling warp that
+  // run this code (the dense producer issues from one thread).
+  auto read_block = [&](uint32_t round, uint32_t mask) -> uint32_t {
+    if constexpr (kDynamic) {
+      const uint32_t k = round & 1u;
+      mbar_wait(sched_full(k), (round >> 1) & 1u);
+      const uint32_t blk = sched_slot[k];
+      __syncwarp(mask);
+      if ((threadIdx.x & 31u) == 0) mbar_arrive(sched_empty(k));
+      return blk;
+    } else {
+      return block_of(round);
+    }
+  };
+  // The block loops below: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
+  // a block that is not a real unit is skipped in the static order and ends the loop in the
+  // dynamic one (the unit tables list every real unit before the empty slots, so the first
+  // empty one is the end, on both sides alike).
+
   if (wg == 0) {
     // ================= producer: one thread issues every K/V copy
     setmaxnreg_dec<Traits::kProducerRegs>();
-    if constexpr (kPagedTma) {
+    if constexpr (kDynamic) {
+      if (tid == 32) {
+        // scheduler: publish every round's block until the first that is not a real unit (the
+        // unit tables list every real unit before the empty slots)
+        for (uint32_t round = 0;; ++round) {
+          const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
+          const uint32_t k = round & 1u;
+          mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
+          sched_slot[k] = blk;
+          mbar_arrive(sched_full(k));
+          prefill::WorkUnit w;
+          if (blk >= num_blocks || !sched.get(blk / num_kv_heads, w)) break;
+        }
+        return;
+      }
+    }
+    if constexpr (kPagedTma && FLASHGEN_HOPPER_PAGED_WARP_ISSUE) {
+      // Warp 0 issues the copies: lane l owns box l of a tile (page l / kBlocks of the tile,
+      // column block l % kBlocks), loads that page's id a tile ahead (one register, no
+      // shuffles) and issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction
+      // instead of one thread's loop, and the page-table load is off the copy path.
+      if (tid < 32) {
+        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
+        constexpr int kBoxes = kPages * Traits::kBlocks;
+        static_assert(kBoxes <= 32, "one box per lane of the issuing warp");
+        const uint32_t lane = tid;
+        const bool issuer = lane < uint32_t(kBoxes);
+        const int32_t box_page = int32_t(lane) / Traits::kBlocks;
+        const int32_t box_cb = int32_t(lane) % Traits::kBlocks;
+        const uint32_t box_off =
+            uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
+        const uint32_t tail_bar = bar + 8 * 4 * kStages;
+        uint32_t g = 0, tail_ph = 0;
+        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
+          const uint8_t a = porder.at[k];
+          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
+        };
+        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+          const uint32_t blk = block_of(round);
+          HopperBlock b;
+          if (blk >= num_blocks || !plan(blk, b)) continue;
+          const int32_t head = int32_t(b.kv_head);
+          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
+          const int32_t* pages = params.kv_indices + b.rq.page0;
+          // this lane's page id for tile j (-1: past the request's pages, zero fill)
+          auto page_of = [&](int32_t j) -> int32_t {
+            const int32_t pi = (b.kt_begin + j) * (kTileKV / PAGE_SIZE) + box_page;
+            return issuer && j < b.n_tiles && pi < n_pages ? __ldg(pages + pi) : -1;
+          };
+          int32_t pid_next = page_of(0);
+          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+            const uint32_t s = g % kStages;
+            const uint32_t ph = (g / kStages) & 1u;
+            const int32_t t0 = (b.kt_begin + j) * kTileKV;
+            const int32_t pid = pid_next;
+            pid_next = page_of(j + 1);  // in flight while the buffers drain
+            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
+              if (issuer) {
+                tma_load_5d(dst + box_off, &maps.k, done, box_cb * 64, coord(0, head, kv, pid),
+                            coord(1, head, kv, pid), coord(2, head, kv, pid),
+                            coord(3, head, kv, pid));
+              }
+            };
+            mbar_wait(empty_k(s), ph ^ 1u);
+            if (lane == 0) mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
+            __syncwarp();
+            if constexpr (kRope) {
+              // rotated keys: the dense workspace rows, as ragged
+              const int32_t row = int32_t(b.rq.kv_row0) + t0;
+              const int32_t k1 = order_v.rows_first ? row : head;
+              const int32_t k2 = order_v.rows_first ? head : row;
+              if (lane < uint32_t(Traits::kBlocks)) {
+                tma_load_3d(k_addr(s) + lane * kTileKV * 128, &maps.v, full_k(s),
+                            int32_t(lane) * 64, k1, k2);
+              }
+            } else {
+              load(k_addr(s), full_k(s), 0);
+            }
+            mbar_wait(empty_v(s), ph ^ 1u);
+            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
+            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
+            const int32_t z_lo = b.kv_len - t0;
+            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
+            if (z_lo < z_hi) {
+              if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
+              __syncwarp();
+              load(v_addr(s), tail_bar, 1);
+              mbar_wait(tail_bar, tail_ph);
+              tail_ph ^= 1u;
+              uint8_t* vs = smem + (v_addr(s) - base);
+              const int32_t n = (z_hi - z_lo) * Traits::kBlocks * 8;  // 16-byte chunks
+              for (int32_t i = int32_t(lane); i < n; i += 32) {
+                const int32_t cb = i / ((z_hi - z_lo) * 8), rem = i % ((z_hi - z_lo) * 8);
+                *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + (z_lo + rem / 8) * 128 +
+                                          (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+              }
+              fence_proxy_async();
+              __syncwarp();
+              if (lane == 0) mbar_arrive(full_v(s));
+            } else {
+              if (lane == 0) mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
+              __syncwarp();
+              load(v_addr(s), full_v(s), 1);
+            }
+          }
+        }
+      }
+      return;
+    } else if constexpr (kPagedTma) {
       if (tid == 0) {
         constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
         const uint32_t tail_bar = bar + 8 * 4 * kStages;
@@ -383,10 +553,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if (tid == 0) {
       uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
-      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-      const uint32_t blk = block_of(round);
+      for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
+      const uint32_t blk = read_block(round, 1u);
       HopperBlock b;
-      if (blk >= num_blocks || !plan(blk, b)) continue;
+      if (blk >= num_blocks || !plan(blk, b)) {
+        if constexpr (kDynamic) break; else continue;
+      }
       const uint32_t kv_head = b.kv_head;
       const int32_t row0 = request_kv_row0(params, b.w.batch);
       for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
@@ -422,10 +594,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t lane = tid & 31, warp4 = ctid / 32;
   uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
 
-  for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-  const uint32_t blk = block_of(round);
+  for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
+  const uint32_t blk = read_block(round, 0xffffffffu);
   HopperBlock b;
-  if (blk >= num_blocks || !plan(blk, b)) continue;
+  if (blk >= num_blocks || !plan(blk, b)) {
+    if constexpr (kDynamic) break; else continue;
+  }
   const prefill::WorkUnit w = b.w;
   const prefill::RequestInfo rq = b.rq;
   const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;

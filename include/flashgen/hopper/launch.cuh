@@ -57,6 +57,13 @@
 namespace flashgen {
 namespace hopper {
 
+/** The dynamic block order's counter (kernel.cuh), 256 bytes at the end of a batch workspace;
+ *  the prep kernel zeroes it on every call (so a replayed graph starts from zero too). */
+inline void add_block_counter(prefill::WorkspaceLayout* w) {
+  w->counter_off = w->total;
+  w->total += 256;
+}
+
 template <int HEAD_DIM, int POS>
 inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
                                        int64_t num_kv_heads, int64_t sm_count) {
@@ -200,7 +207,8 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   const dim3 grid(grid_ctas(blocks, dev, MASK == prefill::kMaskCausal));
   if (int st = launch("single_prefill (sm90) kernel", kernel, grid, Traits::kThreads,
                       Traits::kSmemBytes, stream, !first, p, maps, sched, order_k, order_v, part,
-                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{})) {
+                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{},
+                      static_cast<uint32_t*>(nullptr))) {
     return st;
   }
   if (plan.splits > 1) {
@@ -224,6 +232,7 @@ inline prefill::WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int
       batch, grid_units, POS == prefill::kPosRopeLlama ? kv_rows : 0, num_kv_heads, su);
   w.grid_units = grid_units;
   w.split_units = su;
+  add_block_counter(&w);
   return w;
 }
 
@@ -267,7 +276,8 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if (int st = launch("batch_prefill (sm90) prep kernel",
                       prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
                       prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table)) {
+                      uint32_t(L.split_units), unit_start, table,
+                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
   const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
@@ -302,7 +312,8 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   const dim3 grid(grid_ctas(blocks, dev, false));
   if (int st = launch("batch_prefill_ragged (sm90) kernel", kernel, grid, Traits::kThreads,
                       Traits::kSmemBytes, stream, true, p, maps, sched, order_k, order_v, part,
-                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{})) {
+                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{},
+                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
   auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
@@ -348,7 +359,8 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   if (int st = launch("batch_prefill_paged (sm90) prep kernel",
                       prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
                       prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table)) {
+                      uint32_t(L.split_units), unit_start, table,
+                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
   const DType* rope_k = nullptr;
@@ -397,7 +409,8 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   const dim3 grid(grid_ctas(blocks, dev, false));
   if (int st = launch("batch_prefill_paged (sm90) kernel", kernel, grid, Traits::kThreads,
                       Traits::kSmemBytes, stream, true, p, maps, sched, order, order, part,
-                      uint32_t(blocks), rope_k, porder)) {
+                      uint32_t(blocks), rope_k, porder,
+                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
   auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;

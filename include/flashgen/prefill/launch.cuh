@@ -56,6 +56,7 @@ inline int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
 struct WorkspaceLayout {
   int64_t unit_start_off, table_off, rope_off, part_o_off, part_lse_off, total;
   int64_t grid_units, split_units;
+  int64_t counter_off;  // the Hopper kernel's block counter (hopper/launch.cuh)
 };
 
 template <typename Traits>
@@ -247,7 +248,7 @@ int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout
   const uint32_t G = p.num_qo_heads / p.num_kv_heads;
   if (int st = launch("batch_prefill prep kernel", prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
                       kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table)) {
+                      uint32_t(L.split_units), unit_start, table, static_cast<uint32_t*>(nullptr))) {
     return st;
   }
   DType* rope_k = nullptr;

@@ -109,13 +109,14 @@ __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
 
 /**
  * One block: per-request q tiles and kv tiles, the split decision, the exclusive scan of units
- * per request (into unit_start[batch + 1]) and the unit table [grid_units].
+ * per request (into unit_start[batch + 1]) and the unit table [grid_units]; zeroes
+ * `block_counter` where the launch passes one.
  */
 template <typename Traits, int MASK, typename Params>
 __global__ void __launch_bounds__(kPrepThreads)
     prefill_prep_kernel(const __grid_constant__ Params params, uint32_t group_size,
                         uint32_t grid_units, uint32_t split_units, int32_t* unit_start,
-                        int4* table) {
+                        int4* table, uint32_t* block_counter) {
   __shared__ int64_t scratch[kPrepThreads / 32];
   __shared__ int64_t carry;
   __shared__ int32_t bucket_pos[kPrepBuckets];
@@ -124,6 +125,8 @@ __global__ void __launch_bounds__(kPrepThreads)
   ptx::launch_dependents();
   const uint32_t B = params.batch_size;
   const uint32_t tid = threadIdx.x;
+  // The Hopper kernel's dynamic block order starts from 0 (hopper/kernel.cuh); null elsewhere.
+  if (block_counter != nullptr && tid == 0) *block_counter = 0u;
   auto q_tiles = [&](uint32_t b) -> int64_t {
     return ceil_div64(int64_t(params.get_qo_len(b)) * group_size, Traits::kTileQ);
   };
