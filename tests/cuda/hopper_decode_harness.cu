@@ -330,7 +330,9 @@ void bench(const DeviceInfo& dev, int reps) {
   for (int c = 1; c <= 16; ++c) std::printf(" %lld", (long long)hopper::resident_clusters90<T96>(dev, c));
   std::printf("\n");
   Timer t;
-  for (int kv_len : {32768, 1024}) {
+  // layout 1: HND K/V ([heads][tokens][dim]: each head's rows contiguous), the NHD rows' DRAM
+  // access question (a head's 256-byte rows at a 2 KB stride in NHD)
+  for (auto [kv_len, hnd] : {std::pair<int, bool>{32768, false}, {32768, true}, {1024, false}}) {
     bf16 *q, *k, *v, *o;
     float* ws;
     const int64_t ws_bytes = 64 << 20;
@@ -354,7 +356,8 @@ void bench(const DeviceInfo& dev, int reps) {
     p.lse = nullptr;
     p.q_stride_h = D;
     p.k_stride_h = p.v_stride_h = D;
-    p.k_stride_n = p.v_stride_n = hkv * D;
+    p.k_stride_n = p.v_stride_n = hnd ? D : hkv * D;
+    if (hnd) p.k_stride_h = p.v_stride_h = int64_t(kv_len) * D;
     p.o_stride_h = D;
     p.num_qo_heads = hq;
     p.num_kv_heads = hkv;
@@ -383,6 +386,7 @@ void bench(const DeviceInfo& dev, int reps) {
     using T128w8 = hopper::DecodeTraits90<D, 128, 2>;
     using T192 = hopper::DecodeTraits90<D, 192, 1>;
     using T96w8 = hopper::DecodeTraits90<D, 96, 2>;
+    using T192w12 = hopper::DecodeTraits90<D, 192, 3>;
     std::vector<Cfg> cfgs = {
         {"A ring128 w4 auto", mk(T128(), 0, 0)},
         {"B ring128 w8 auto", mk(T128w8(), 0, 0)},
@@ -396,6 +400,7 @@ void bench(const DeviceInfo& dev, int reps) {
         {"I ring128 w4 c12g1", mk(T128(), 12, 1)},
         {"J ring128 w4 c4g1", mk(T128(), 4, 1)},
         {"K ring128 w4 c2g1", mk(T128(), 2, 1)},
+        {"M ring192 w12 auto", mk(T192w12(), 0, 0)},
     };
     std::vector<std::vector<float>> times(cfgs.size() + 2);
     auto call = [&](int i) {
@@ -426,8 +431,8 @@ void bench(const DeviceInfo& dev, int reps) {
         const int j = (r & 1) ? n - 1 - i : i;  // alternate the order
         times[j].push_back(t.once([&] { call(j); }));
       }
-    std::printf("\nsingle_decode bf16 32/8 heads d128 NHD kv_len %d (%.1f MB), median of %d, L2 flushed\n",
-                kv_len, bytes / 1e6, reps);
+    std::printf("\nsingle_decode bf16 32/8 heads d128 %s kv_len %d (%.1f MB), median of %d, L2 flushed\n",
+                hnd ? "HND" : "NHD", kv_len, bytes / 1e6, reps);
     for (int i = 0; i < n; ++i) {
       const float us = median(times[i]);
       std::string plan = "";

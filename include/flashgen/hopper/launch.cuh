@@ -129,20 +129,22 @@ inline int check_hopper(const char* what, const DeviceInfo& dev) {
 template <typename Traits, int HEAD_DIM, int POS, typename DType, typename Params>
 inline int make_contiguous_kv_maps(const Params& p, const DType* rope_k, int64_t rows,
                                    KVTensorMaps* maps, KVMapOrder* order_k, KVMapOrder* order_v) {
+  constexpr int kBoxRows =
+      FLASHGEN_HOPPER_DENSE_BOX_ROWS > 0 ? FLASHGEN_HOPPER_DENSE_BOX_ROWS : Traits::kTileKV;
   if constexpr (POS == prefill::kPosRopeLlama) {
     if (int st = make_kv_map(&maps->k, order_k, rope_k, rows, p.num_kv_heads, HEAD_DIM,
                              int64_t(p.num_kv_heads) * HEAD_DIM, int64_t(HEAD_DIM),
-                             Traits::kTileKV)) {
+                             kBoxRows)) {
       return st;
     }
   } else {
     if (int st = make_kv_map(&maps->k, order_k, p.k, rows, p.num_kv_heads, HEAD_DIM, p.k_stride_n,
-                             p.k_stride_h, Traits::kTileKV)) {
+                             p.k_stride_h, kBoxRows)) {
       return st;
     }
   }
   return make_kv_map(&maps->v, order_v, p.v, rows, p.num_kv_heads, HEAD_DIM, p.v_stride_n,
-                     p.v_stride_h, Traits::kTileKV);
+                     p.v_stride_h, kBoxRows);
 }
 
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
