@@ -123,6 +123,9 @@ pub enum FailureKind {
     Store,
     /// The built `.so` lacks an entry point the module declares; nothing was cached.
     EntryPoint,
+    /// A source or header changed between its hashing for the key and the end of the compile;
+    /// nothing was cached (the object may hold text the key does not name).
+    SourceChanged,
 }
 
 impl FailureKind {
@@ -131,6 +134,7 @@ impl FailureKind {
             FailureKind::Compile => "compile",
             FailureKind::Store => "store",
             FailureKind::EntryPoint => "entry_point",
+            FailureKind::SourceChanged => "source_changed",
         }
     }
 }
@@ -623,6 +627,23 @@ impl<'m> Builder<'m> {
             })?;
         }
         let cmd = &link;
+        // The key names the bytes hashed before the compile; an edit since (a file saved while
+        // the build ran) may be what nvcc read, so such an object is not stored under that key.
+        let changed = self
+            .hasher
+            .changed_since_hashed(&p.source, &p.header)
+            .map_err(|e| store(cmd, e))?;
+        if let Some(path) = changed {
+            return Err(fail(
+                FailureKind::SourceChanged,
+                compile.shell_line(),
+                format!(
+                    "{} changed while the instance was compiling; build again",
+                    path.display()
+                ),
+                String::new(),
+            ));
+        }
         // Emptied, not removed (see `Scratch`): a later compile in this folder that claims
         // success without writing its object then fails to link instead of linking this one.
         std::fs::OpenOptions::new()

@@ -100,12 +100,41 @@ impl SourceHasher {
     /// Every project file `source` reaches, with its sha256; the generated header is walked from
     /// its text, since each instance has its own.
     pub fn inputs(&self, source: &Path, generated: &str) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for c in self.closures_of(source, generated)? {
+            out.extend(c.files.iter().cloned());
+        }
+        Ok(out)
+    }
+
+    /// The first file of `inputs(source, generated)` whose bytes on disk are no longer the ones
+    /// hashed for the key: nvcc may have compiled that newer text, which the key does not name.
+    /// Called once a compile has finished, before its object is stored.
+    pub fn changed_since_hashed(&self, source: &Path, generated: &str) -> Result<Option<PathBuf>> {
+        for c in self.closures_of(source, generated)? {
+            for path in &c.paths {
+                let recorded = self.info(path)?.sha.clone();
+                let now = match std::fs::read(path) {
+                    Ok(bytes) => format!("{:x}", Sha256::digest(&bytes)),
+                    Err(_) => return Ok(Some(path.clone())),
+                };
+                if now != recorded {
+                    return Ok(Some(path.clone()));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The closure of `source` and, where it includes the generated header, those of the headers
+    /// that header names.
+    fn closures_of(&self, source: &Path, generated: &str) -> Result<Vec<Arc<Closure>>> {
         let c = self.closure(source)?;
-        let mut out: BTreeMap<String, String> = c.files.iter().cloned().collect();
+        let mut out = vec![c.clone()];
         if c.includes_generated {
             for (name, quoted) in scan_includes(generated) {
                 if let Some(p) = self.resolve_angle(&name, quoted) {
-                    out.extend(self.closure(&p)?.files.iter().cloned());
+                    out.push(self.closure(&p)?);
                 }
             }
         }
@@ -118,6 +147,7 @@ impl SourceHasher {
             return Ok(c.clone());
         }
         let mut files = Vec::new();
+        let mut paths = Vec::new();
         let mut includes_generated = false;
         let mut seen = HashSet::new();
         let mut stack = vec![start.to_path_buf()];
@@ -127,6 +157,7 @@ impl SourceHasher {
             }
             let info = self.info(&path)?;
             files.push((self.logical(&path), info.sha.clone()));
+            paths.push(path.clone());
             for (name, quoted) in &info.includes {
                 if name == HEADER_NAME {
                     includes_generated = true;
@@ -137,6 +168,7 @@ impl SourceHasher {
         }
         let c = Arc::new(Closure {
             files,
+            paths,
             includes_generated,
         });
         self.closures
@@ -163,6 +195,8 @@ impl SourceHasher {
 struct Closure {
     /// `(logical name, sha256)` of each file, the start included.
     files: Vec<(String, String)>,
+    /// Where each of `files` was read.
+    paths: Vec<PathBuf>,
     /// Whether the walk met `<flashgen_instance.cuh>`, whose includes differ per instance.
     includes_generated: bool,
 }

@@ -337,6 +337,59 @@ fn a_store_failure_names_the_path_and_is_not_an_nvcc_failure() {
 // ---- concurrency and process hygiene -------------------------------------------------------
 
 #[test]
+fn a_header_saved_during_the_compile_is_not_cached_under_the_key_of_its_old_text() {
+    let t = Tree::new("toy");
+    // The compile step saves a new text of a header the instance includes, as an editor would
+    // while a build runs; nvcc may read either text, and the key names the old one.
+    let header = t.path("include/toy/toy.cuh");
+    let nvcc = nvcc_wrapper(
+        &t,
+        &format!("echo '// saved during the build' >> '{}'", header.display()),
+    );
+    let o = t
+        .cmd()
+        .env("FLASHGEN_NVCC", &nvcc)
+        .args(["build", "--out", "out", "--json"])
+        .args(one())
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the build claimed success");
+    assert!(
+        stderr(&o).contains("toy.cuh changed while the instance was compiling; build again"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        json(&o)["failed"][0]["kind"],
+        "source_changed",
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(compiles_logged(&t), 1);
+    assert!(
+        walk(&t.path(".cache/objects")).is_empty(),
+        "an object was stored: {:?}",
+        walk(&t.path(".cache/objects"))
+    );
+    // Built again with the text now on disk, it compiles (nothing cached) and stores it.
+    let v = build_json(&t, "out", &one());
+    assert_eq!(
+        (v["built"].as_u64(), v["cached"].as_u64()),
+        (Some(1), Some(0)),
+        "{v}"
+    );
+    let objects = walk(&t.path(".cache/objects"));
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "so"))
+            .count(),
+        1,
+        "{objects:?}"
+    );
+}
+
+#[test]
 fn concurrent_builds_of_one_instance_compile_it_once() {
     let t = Tree::new("toy");
     let nvcc = nvcc_wrapper(&t, "sleep 1");

@@ -134,5 +134,8 @@ pub(crate) fn print_failure(f: &Failure) {
             eprintln!("error: {}: {} (nothing was cached)", f.uri, f.status);
             eprintln!("command:\n  {}", f.command);
         }
+        FailureKind::SourceChanged => {
+            eprintln!("error: {}: {} (nothing was cached)", f.uri, f.status);
+        }
     }
 }
