@@ -724,18 +724,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     wg_commit();
   };
-  // Ping-pong between the two consumer warpgroups (FA3's warp scheduler barriers; traits say
-  // per head_dim): a warpgroup issues its GEMMs of a step only after the other has issued its
-  // own, so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
-  // Named barrier 3 + cw is "warpgroup cw may issue"; each issue step waits on its
-  // own and then arrives on the other's. Warpgroup 1 skips its last arrive and warpgroup 0 is
-  // let in first, so arrivals and waits pair up exactly (both run the same number of steps).
+  // Ping-pong among the consumer warpgroups (FA3's warp scheduler barriers; traits say per
+  // head_dim): a warpgroup issues its GEMMs of a step only after the previous one (cw - 1, in a
+  // ring) has issued its own, so each warpgroup's softmax runs while the others' GEMMs occupy
+  // the tensor cores. Named barrier kPingPongBarrier + cw is "warpgroup cw may issue"; each
+  // issue step waits on its own and then arrives on the next warpgroup's. The last warpgroup
+  // skips its last arrive and lets warpgroup 0 in first, so arrivals and waits pair up exactly
+  // (all run the same number of steps).
+  constexpr uint32_t kWGs = Traits::kConsumerWGs;
   auto pp_wait = [&]() {
-    if constexpr (Traits::kPingPong) named_barrier(3 + cw, 256);
+    if constexpr (Traits::kPingPong) named_barrier(Traits::kPingPongBarrier + cw, 256);
   };
   auto pp_signal = [&](bool last) {
     if constexpr (Traits::kPingPong) {
-      if (!(last && cw == 1)) named_barrier_arrive(3 + (1 - cw), 256);
+      if (!(last && cw == kWGs - 1)) {
+        named_barrier_arrive(Traits::kPingPongBarrier + (cw + 1) % kWGs, 256);
+      }
     }
   };
   // Paged: the stage was written by cp.async (generic proxy) and is read by wgmma (async
@@ -891,7 +895,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (n_tiles > 0) {
     if constexpr (Traits::kPingPong) {
-      if (cw == 1) named_barrier_arrive(3, 256);
+      if (cw == kWGs - 1) named_barrier_arrive(Traits::kPingPongBarrier, 256);
     }
     // ---- tile 0: S_0 only
     {

@@ -17,10 +17,15 @@ namespace hopper {
 
 template <int HEAD_DIM>
 struct HopperConfig;
-// S 64 + O 32 floats per thread.
+// S 64 + O 32 floats per thread. Three consumer warpgroups (192 query rows, 160 registers
+// each): at head_dim 64 the softmax takes as long as the GEMMs, so two other warpgroups' GEMMs
+// hide each one's softmax (FLASHGEN_HOPPER_D64_WGS=2: run 1's 128-row shape).
+#ifndef FLASHGEN_HOPPER_D64_WGS
+#define FLASHGEN_HOPPER_D64_WGS 3
+#endif
 template <>
 struct HopperConfig<64> {
-  static constexpr int kTileKV = 128, kStages = 2;
+  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = FLASHGEN_HOPPER_D64_WGS;
   static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
 };
 // S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
@@ -34,25 +39,29 @@ struct HopperConfig<64> {
 template <>
 struct HopperConfig<128> {
   static constexpr int kTileKV = FLASHGEN_HOPPER_D128_TILE_KV,
-                       kStages = FLASHGEN_HOPPER_D128_STAGES;
+                       kStages = FLASHGEN_HOPPER_D128_STAGES, kConsumerWGs = 2;
   static constexpr bool kPingPong = true;  // run 1: 630 TFLOP/s with, 567 without
 };
 // S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: run 1 measured 709 TFLOP/s
 // without and 688 with (causal 8192): the GEMMs dominate and the softmax is short.
 template <>
 struct HopperConfig<256> {
-  static constexpr int kTileKV = 64, kStages = 2;
+  static constexpr int kTileKV = 64, kStages = 2, kConsumerWGs = 2;
   static constexpr bool kPingPong = false;
 };
 
 template <int HEAD_DIM_>
 struct HopperTraits {
   static constexpr int kHeadDim = HEAD_DIM_;
-  static constexpr int kTileQ = 128;
-  static constexpr int kConsumerWGs = 2;
+  static constexpr int kConsumerWGs = HopperConfig<HEAD_DIM_>::kConsumerWGs;
+  static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "2 or 3 consumer warpgroups");
+  static constexpr int kTileQ = 64 * kConsumerWGs;  // 64 packed query rows per warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // The CTA's 64K registers: 24 for the producer, the rest to the consumers (multiples of 8).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  // Named barriers: 1 + cw, warpgroup cw's own; kPingPongBarrier + cw, "cw may issue".
+  static constexpr int kPingPongBarrier = 1 + kConsumerWGs;
   static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
   static constexpr int kTileKV = HopperConfig<HEAD_DIM_>::kTileKV;
   static constexpr int kStages = HopperConfig<HEAD_DIM_>::kStages;
