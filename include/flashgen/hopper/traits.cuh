@@ -29,17 +29,21 @@ struct HopperConfig<64> {
   static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
 };
 // S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
-// (Overridable for experiments: FLASHGEN_HOPPER_D128_{TILE_KV,STAGES}.)
+// (Overridable for experiments: FLASHGEN_HOPPER_D128_{TILE_KV,STAGES,WGS}.)
 #ifndef FLASHGEN_HOPPER_D128_TILE_KV
 #define FLASHGEN_HOPPER_D128_TILE_KV 128
 #endif
 #ifndef FLASHGEN_HOPPER_D128_STAGES
 #define FLASHGEN_HOPPER_D128_STAGES 2
 #endif
+#ifndef FLASHGEN_HOPPER_D128_WGS
+#define FLASHGEN_HOPPER_D128_WGS 2
+#endif
 template <>
 struct HopperConfig<128> {
   static constexpr int kTileKV = FLASHGEN_HOPPER_D128_TILE_KV,
-                       kStages = FLASHGEN_HOPPER_D128_STAGES, kConsumerWGs = 2;
+                       kStages = FLASHGEN_HOPPER_D128_STAGES,
+                       kConsumerWGs = FLASHGEN_HOPPER_D128_WGS;
   static constexpr bool kPingPong = true;  // run 1: 630 TFLOP/s with, 567 without
 };
 // S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: run 1 measured 709 TFLOP/s
