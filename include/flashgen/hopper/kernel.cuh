@@ -69,6 +69,12 @@ struct HopperBlock {
   int32_t qo_len, kv_len, kt_begin, n_tiles, free_a, free_b;
 };
 
+/** A slot of the dynamic order's ring: a block's plan as the scheduler thread computed it. */
+struct BlockSlot {
+  HopperBlock b;
+  uint32_t ok;  // 0: no block (the CTA's work is done)
+};
+
 /** Order of a persistent CTA's blocks: 0 round-robin, 1 snake (see block_of). */
 #ifndef FLASHGEN_HOPPER_BLOCK_ORDER
 #define FLASHGEN_HOPPER_BLOCK_ORDER 0
@@ -206,12 +212,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto empty_k = [&](uint32_t s) { return bar + 8 * (2 * kStages + s); };
   auto empty_v = [&](uint32_t s) { return bar + 8 * (3 * kStages + s); };
 
-  // Dynamic order: the scheduler thread publishes each round's block in a two-slot ring.
+  // Dynamic order: the scheduler thread publishes each round's planned block in a two-slot ring.
   const uint32_t sched_bar = base + Traits::kSchedOffset;
   auto sched_full = [&](uint32_t k) { return sched_bar + 8 * k; };
   auto sched_empty = [&](uint32_t k) { return sched_bar + 8 * (2 + k); };
-  volatile uint32_t* sched_slot =
-      reinterpret_cast<volatile uint32_t*>(smem + Traits::kSchedOffset + 32);
+  BlockSlot* const ring = reinterpret_cast<BlockSlot*>(smem + Traits::kSchedOffset + 32);
+  static_assert(sizeof(BlockSlot) <= Traits::kBlockSlotBytes, "ring slot");
   constexpr bool kDynamic =
       hopper_dynamic_order<std::is_same<Sched, prefill::BatchSched>::value, PAGE_SIZE>();
 
@@ -299,21 +305,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return true;
   };
 
-  // The block of round `round`. Dynamic: the scheduler thread (warp 1 of the producer
-  // warpgroup, which issues no copies) fetches each block after the first from the counter and
-  // publishes it; the copy-issuing warp and the consumer warps read it from the ring, each warp
+  // The block of round `round`, planned into b: true to run it; false, skip it (static order) or
+  // stop (dynamic). Dynamic: the scheduler thread (warp 1 of the producer warpgroup, which
+  // issues no copies) fetches each block after the first from the counter, plans it and
+  // publishes the plan, so the request lookups (unit table, indptrs) are off the other roles'
+  // path; the copy-issuing warp and the consumer warps copy it from the ring, each warp
   // releasing the slot once its lanes have read it. `mask`: the lanes of the calling warp that
   // run this code (the dense producer issues from one thread).
-  auto read_block = [&](uint32_t round, uint32_t mask) -> uint32_t {
+  auto next_block = [&](uint32_t round, uint32_t mask, HopperBlock& b) -> bool {
     if constexpr (kDynamic) {
       const uint32_t k = round & 1u;
       mbar_wait(sched_full(k), (round >> 1) & 1u);
-      const uint32_t blk = sched_slot[k];
+      b = ring[k].b;
+      const bool ok = ring[k].ok != 0;
       __syncwarp(mask);
       if ((threadIdx.x & 31u) == 0) mbar_arrive(sched_empty(k));
-      return blk;
+      return ok;
     } else {
-      return block_of(round);
+      const uint32_t blk = block_of(round);
+      return blk < num_blocks && plan(blk, b);
     }
   };
   // The block loops below: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
@@ -330,12 +340,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // unit tables list every real unit before the empty slots)
         for (uint32_t round = 0;; ++round) {
           const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
+          // (a block ahead of the consumers: the plan's loads are off their path)
           const uint32_t k = round & 1u;
           mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
-          sched_slot[k] = blk;
+          const bool ok = blk < num_blocks && plan(blk, ring[k].b);
+          ring[k].ok = ok ? 1u : 0u;
           mbar_arrive(sched_full(k));
-          prefill::WorkUnit w;
-          if (blk >= num_blocks || !sched.get(blk / num_kv_heads, w)) break;
+          if (!ok) break;
         }
         return;
       }
@@ -560,9 +571,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (tid == 0) {
       uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
       for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-      const uint32_t blk = read_block(round, 1u);
       HopperBlock b;
-      if (blk >= num_blocks || !plan(blk, b)) {
+      if (!next_block(round, 1u, b)) {
         if constexpr (kDynamic) break; else continue;
       }
       const uint32_t kv_head = b.kv_head;
@@ -613,9 +623,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
 
   for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-  const uint32_t blk = read_block(round, 0xffffffffu);
   HopperBlock b;
-  if (blk >= num_blocks || !plan(blk, b)) {
+  if (!next_block(round, 0xffffffffu, b)) {
     if constexpr (kDynamic) break; else continue;
   }
   const prefill::WorkUnit w = b.w;

@@ -80,8 +80,9 @@ struct HopperTraits {
   static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
   // 4 barriers per stage + 1 (paged TMA: the tail tile's V, zeroed past kv_len by the producer)
   static constexpr int kSchedOffset = kBarOffset + 8 * (4 * kStages + 1);
-  // dynamic block order: 2 full + 2 empty barriers, then the two block slots
-  static constexpr int kVariantOffset = kSchedOffset + 8 * 4 + 4 * 2 + 8;
+  // dynamic block order: 2 full + 2 empty barriers, then two slots of a block's plan
+  static constexpr int kBlockSlotBytes = 128;
+  static constexpr int kVariantOffset = kSchedOffset + 8 * 4 + 2 * kBlockSlotBytes;
   static constexpr int kVariantSmemBytes = 256;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes (128-byte swizzle atoms).
   static constexpr int kSmemBytes = 1024 + kVariantOffset + kVariantSmemBytes;
