@@ -23,9 +23,13 @@ struct HopperConfig;
 #ifndef FLASHGEN_HOPPER_D64_WGS
 #define FLASHGEN_HOPPER_D64_WGS 3
 #endif
+#ifndef FLASHGEN_HOPPER_D64_STAGES
+#define FLASHGEN_HOPPER_D64_STAGES 2
+#endif
 template <>
 struct HopperConfig<64> {
-  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = FLASHGEN_HOPPER_D64_WGS;
+  static constexpr int kTileKV = 128, kStages = FLASHGEN_HOPPER_D64_STAGES,
+                       kConsumerWGs = FLASHGEN_HOPPER_D64_WGS;
   static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
 };
 // S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
