@@ -116,12 +116,6 @@ __device__ __forceinline__ float exp2_fma(float x) {
 #define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
 #endif
 
-/** Paged K/V by TMA: 1, warp 0 issues a tile's boxes, one per lane, each lane loading its page
- *  id a tile ahead; 0, one thread loads the tile's page ids and issues every box (run 6's B). */
-#ifndef FLASHGEN_HOPPER_PAGED_WARP_ISSUE
-#define FLASHGEN_HOPPER_PAGED_WARP_ISSUE 1
-#endif
-
 /** Experiment: rows per TMA box of the contiguous K/V maps (0: the whole kv tile). 16 makes the
  *  dense copies as many boxes as the paged page-16 ones (the box-count question, run 8). */
 #ifndef FLASHGEN_HOPPER_DENSE_BOX_ROWS
@@ -145,11 +139,13 @@ __host__ __device__ constexpr bool hopper_dynamic_order() {
 }
 
 /**
- * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). PAGE_SIZE >= 1 (paged): the 128
- * producer threads gather K/V rows with 16-byte cp.async (page table lookups per row, rows
- * past kv_len zero-filled) into the same 128-byte-swizzled layout the TMA writes, each thread
- * arriving on the stage's full barrier when its copies land (init count 128); with RoPE the
- * keys come from the rotated copy in the workspace (`rope_k`, the portable layout).
+ * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). Paged with page sizes that are
+ * multiples of 8 dividing the kv tile (16): TMA too, one 5-D box per page and 64-column block of
+ * the map over the page pool (`maps.k`), issued by warp 0, a box per lane. Other page sizes (1):
+ * the 128 producer threads gather K/V rows with 16-byte cp.async (page table lookups per row,
+ * rows past kv_len zero-filled) into the same 128-byte-swizzled layout the TMA writes, each
+ * thread arriving on the stage's full barrier when its copies land (init count 128). With RoPE
+ * the keys come from the rotated copy in the workspace (`rope_k`, the portable layout).
  */
 template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched,
           int PAGE_SIZE = 0>
@@ -351,7 +347,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         return;
       }
     }
-    if constexpr (kPagedTma && FLASHGEN_HOPPER_PAGED_WARP_ISSUE) {
+    if constexpr (kPagedTma) {
       // Warp 0 issues the copies: lane l owns box l of a tile (page l / kBlocks of the tile,
       // column block l % kBlocks), loads that page's id a tile ahead (one register, no
       // shuffles) and issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction
@@ -437,88 +433,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             } else {
               if (lane == 0) mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
               __syncwarp();
-              load(v_addr(s), full_v(s), 1);
-            }
-          }
-        }
-      }
-      return;
-    } else if constexpr (kPagedTma) {
-      if (tid == 0) {
-        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
-        const uint32_t tail_bar = bar + 8 * 4 * kStages;
-        uint32_t g = 0, tail_ph = 0;
-        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
-        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
-          const uint8_t a = porder.at[k];
-          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
-        };
-        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-          const uint32_t blk = block_of(round);
-          HopperBlock b;
-          if (blk >= num_blocks || !plan(blk, b)) continue;
-          const int32_t head = int32_t(b.kv_head);
-          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
-          const int32_t* pages = params.kv_indices + b.rq.page0;
-          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-            const uint32_t s = g % kStages;
-            const uint32_t ph = (g / kStages) & 1u;
-            const int32_t t0 = (b.kt_begin + j) * kTileKV;
-            int32_t pid[kPages];
-#pragma unroll
-            for (int i = 0; i < kPages; ++i) {
-              const int32_t pi = t0 / PAGE_SIZE + i;
-              pid[i] = pi < n_pages ? __ldg(pages + pi) : -1;  // -1: zeros
-            }
-            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
-#pragma unroll
-              for (int i = 0; i < kPages; ++i) {
-#pragma unroll
-                for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-                  tma_load_5d(dst + cb * kTileKV * 128 + i * PAGE_SIZE * 128, &maps.k, done,
-                              cb * 64, coord(0, head, kv, pid[i]), coord(1, head, kv, pid[i]),
-                              coord(2, head, kv, pid[i]), coord(3, head, kv, pid[i]));
-                }
-              }
-            };
-            mbar_wait(empty_k(s), ph ^ 1u);
-            mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-            if constexpr (kRope) {
-              // rotated keys: the dense workspace rows, as ragged
-              const int32_t row = int32_t(b.rq.kv_row0) + t0;
-              const int32_t k1 = order_v.rows_first ? row : head;
-              const int32_t k2 = order_v.rows_first ? head : row;
-#pragma unroll
-              for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-                tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.v, full_k(s), cb * 64, k1, k2);
-              }
-            } else {
-              load(k_addr(s), full_k(s), 0);
-            }
-            mbar_wait(empty_v(s), ph ^ 1u);
-            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
-            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
-            const int32_t z_lo = b.kv_len - t0;
-            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
-            if (z_lo < z_hi) {
-              mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
-              load(v_addr(s), tail_bar, 1);
-              mbar_wait(tail_bar, tail_ph);
-              tail_ph ^= 1u;
-              uint8_t* vs = smem + (v_addr(s) - base);
-              for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-                for (int32_t r = z_lo; r < z_hi; ++r) {
-#pragma unroll
-                  for (int ch = 0; ch < 8; ++ch) {
-                    *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + r * 128 + ch * 16) =
-                        make_uint4(0u, 0u, 0u, 0u);
-                  }
-                }
-              }
-              fence_proxy_async();
-              mbar_arrive(full_v(s));
-            } else {
-              mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
               load(v_addr(s), full_v(s), 1);
             }
           }
