@@ -192,6 +192,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kVarLogits =
       prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
   constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
+  // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
+  constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
+                                 prefill::has_logits_range<Variant, Params>::value &&
+                                 std::is_same<DTypeKV, __nv_bfloat16>::value;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -556,6 +560,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     tanh_on = variant.TanhCap(params, sc);
     if (tanh_on) logit_scale = sc;
   }
+  // Logits bounded to [lo, hi] with hi - lo <= 120 (LogitsRange, bf16 P): hi is every row's
+  // softmax reference, so the tiles skip the row max and the rescale (as the portable kernel).
+  bool fixed_max = false;
+  float fixed_ref = 0.f;
+  if constexpr (kFixedMaxAble) {
+    float lo, hi;
+    variant.LogitsRange(params, lo, hi);
+    fixed_max = hi - lo <= 120.f;
+    fixed_ref = hi;
+  }
   named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
   // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
@@ -626,6 +640,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kO; ++i) o[i] = 0.f;
   float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
+  if (fixed_max) m[0] = m[1] = fixed_ref;
   float s[kS];
   uint32_t pr[kS / 2];
 
@@ -728,7 +743,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kSoftmax) {
       // Row max and row sum over kReduce independent partials per row (an ILP experiment after
       // ncu showed latency-bound softmax warps; no gain measured, see NOTES-hopper.md run 5).
+      // With a fixed reference (LogitsRange) there is no max and no rescale.
       constexpr int kReduce = FLASHGEN_HOPPER_REDUCE_PARTIALS;
+      scale[0] = scale[1] = 1.f;
+      if (!fixed_max) {
       float mp[2][kReduce];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -752,11 +770,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        scale[h] = 1.f;
         if (mx[h] > m[h] + float(FLASHGEN_HOPPER_RESCALE_THRESHOLD)) {
           scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
           m[h] = mx[h];
         }
+      }
       }
       float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
       if constexpr (kLinearBias) {
