@@ -332,12 +332,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // empty one is the end, on both sides alike).
 
   if (wg == 0) {
-    // ================= producer: one thread issues every K/V copy
+    // ================= producer: the K/V copies (dense: thread 0; paged page 16: warp 0; page
+    // size 1: the 128 threads) and, in the dynamic order, the scheduler (thread 32)
     setmaxnreg_dec<Traits::kProducerRegs>();
     if constexpr (kDynamic) {
       if (tid == 32) {
-        // scheduler: publish every round's block until the first that is not a real unit (the
-        // unit tables list every real unit before the empty slots)
+        // scheduler: plan and publish every round's block, up to the first that is not a real
+        // unit (the end, see above)
         for (uint32_t round = 0;; ++round) {
           const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
           // (a block ahead of the consumers: the plan's loads are off their path)
@@ -368,6 +369,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
         const uint32_t tail_bar = bar + 8 * 4 * kStages;
         uint32_t g = 0, tail_ph = 0;
+        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
         auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
           const uint8_t a = porder.at[k];
           return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
