@@ -192,10 +192,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kVarLogits =
       prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
   constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
-  // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
-  constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
-                                 prefill::has_logits_range<Variant, Params>::value &&
-                                 std::is_same<DTypeKV, __nv_bfloat16>::value;
+  constexpr bool kFixedMaxAble =
+      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -562,16 +560,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     tanh_on = variant.TanhCap(params, sc);
     if (tanh_on) logit_scale = sc;
   }
-  // Logits bounded to [lo, hi] with hi - lo <= 120 (LogitsRange, bf16 P): hi is every row's
-  // softmax reference, so the tiles skip the row max and the rescale (as the portable kernel).
+  // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
   bool fixed_max = false;
   float fixed_ref = 0.f;
-  if constexpr (kFixedMaxAble) {
-    float lo, hi;
-    variant.LogitsRange(params, lo, hi);
-    fixed_max = hi - lo <= 120.f;
-    fixed_ref = hi;
-  }
+  if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
   named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
   // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
+#include <cuda_bf16.h>
 
 #include "flashgen/variant.cuh"
 #include "flashgen/variant_hooks.cuh"
@@ -103,6 +104,30 @@ struct has_logits_range<V, P,
                         std::void_t<decltype(std::declval<V&>().LogitsRange(
                             std::declval<const P&>(), std::declval<float&>(),
                             std::declval<float&>()))>> : std::true_type {};
+
+/** 0: never use a variant's LogitsRange as a fixed softmax reference (A/B switch). */
+#ifndef FLASHGEN_PREFILL_FIXED_MAX
+#define FLASHGEN_PREFILL_FIXED_MAX 1
+#endif
+
+/** Whether a prefill kernel whose P is DTypeP may take its softmax reference from the variant's
+ *  LogitsRange: P needs 8 exponent bits (bf16; f16 P would underflow). The caller adds that the
+ *  variant uses softmax. The one rule of both prefill kernels (portable and sm90). */
+template <typename V, typename P, typename DTypeP>
+__host__ __device__ constexpr bool fixed_reference_able() {
+  return FLASHGEN_PREFILL_FIXED_MAX && has_logits_range<V, P>::value &&
+         std::is_same<DTypeP, __nv_bfloat16>::value;
+}
+
+/** The call's fixed softmax reference: true, with `ref` = hi, when every logit lies in [lo, hi]
+ *  with hi - lo <= 120 (the weights 2^(x - hi) >= 2^-120 stay normal in fp32 and bf16). */
+template <typename V, typename P>
+__device__ __forceinline__ bool fixed_reference(V& v, const P& params, float& ref) {
+  float lo, hi;
+  v.LogitsRange(params, lo, hi);
+  ref = hi;
+  return hi - lo <= 120.f;
+}
 
 template <typename V, typename P, typename = void>
 struct has_tanh_cap : std::false_type {};

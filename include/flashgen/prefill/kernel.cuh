@@ -79,11 +79,6 @@ constexpr bool has_variant_mask() {
 #ifndef FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS
 #define FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS 0
 #endif
-/** 0: never use a variant's LogitsRange as a fixed softmax reference (A/B switch). */
-#ifndef FLASHGEN_PREFILL_FIXED_MAX
-#define FLASHGEN_PREFILL_FIXED_MAX 1
-#endif
-
 /** K/V tiles wholly inside kv_len copy without the per-row compare and selects (a warp-uniform
  *  branch): 0 never, 1 in every kernel, 2 in the kernels of variants with a LinearBias or TanhCap
  *  hook only. Run 8 (NOTES-prefill.md): with 1, soft_cap -4 %, ALiBi -1.5 %, the default within
@@ -161,10 +156,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kVarLogits =
       has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
   constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
-  // A fixed softmax reference needs P's 8 exponent bits (bf16; f16 P would underflow).
-  constexpr bool kFixedMaxAble = FLASHGEN_PREFILL_FIXED_MAX && kSoftmax &&
-                                 has_logits_range<Variant, Params>::value &&
-                                 std::is_same<DTypeKV, __nv_bfloat16>::value;
+  constexpr bool kFixedMaxAble = kSoftmax && fixed_reference_able<Variant, Params, DTypeKV>();
   constexpr bool kWholeTiles =
       FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||
       (FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 2 && (kLinearBias || kTanhCap));
@@ -465,17 +457,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     return base + (rel ^ uint32_t((2 * (s % 4)) << 4)) + uint32_t((s / 4) * 128);
   };
 
-  // Logits bounded to [lo, hi] with hi - lo <= 120 (LogitsRange): hi is the softmax reference
-  // of every row (weights >= 2^-120 stay normal in fp32 and bf16), so the tiles skip the running
-  // max and the rescale (a warp-uniform branch: two copies of the loops spilled).
+  // A fixed softmax reference (hooks.cuh): the tiles skip the running max and the rescale (a
+  // warp-uniform branch: two copies of the loops spilled).
   bool fixed_max = false;
   if constexpr (kFixedMaxAble) {
-    float lo, hi;
-    variant.LogitsRange(params, lo, hi);
-    fixed_max = hi - lo <= 120.f;
+    float ref;
+    fixed_max = fixed_reference(variant, params, ref);
     if (fixed_max) {
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) m[mq][0] = m[mq][1] = hi;
+      for (int mq = 0; mq < kMmaQ; ++mq) m[mq][0] = m[mq][1] = ref;
     }
   }
 
