@@ -555,11 +555,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float logit_scale = 1.f;
   (void)tanh_on;
   (void)logit_scale;
-  if constexpr (kTanhCap) {
-    float sc = 1.f;
-    tanh_on = variant.TanhCap(params, sc);
-    if (tanh_on) logit_scale = sc;
-  }
+  if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
   // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
   bool fixed_max = false;
   float fixed_ref = 0.f;

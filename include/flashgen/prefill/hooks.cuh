@@ -136,6 +136,16 @@ struct has_tanh_cap<V, P,
                     std::void_t<decltype(bool(std::declval<V&>().TanhCap(
                         std::declval<const P&>(), std::declval<float&>())))>> : std::true_type {};
 
+/** The call's TanhCap: true, with `scale` the cap's factor, when the kernel applies tanh itself;
+ *  false, with `scale` 1, when the transform is the identity. Both prefill kernels. */
+template <typename V, typename P>
+__device__ __forceinline__ bool tanh_cap(V& v, const P& params, float& scale) {
+  float sc = 1.f;
+  const bool on = v.TanhCap(params, sc);
+  if (on) scale = sc;
+  return on;
+}
+
 template <typename V, typename P>
 __device__ __forceinline__ float logits_transform(V& v, const P& params, float logits,
                                                   uint32_t batch_idx, uint32_t qo_idx,

@@ -476,11 +476,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   float logit_scale = 1.f;
   (void)tanh_on;
   (void)logit_scale;
-  if constexpr (kTanhCap) {
-    float sc = 1.f;
-    tanh_on = variant.TanhCap(params, sc);
-    if (tanh_on) logit_scale = sc;
-  }
+  if constexpr (kTanhCap) tanh_on = tanh_cap(variant, params, logit_scale);
 
   auto step = [&](int32_t kt, auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
