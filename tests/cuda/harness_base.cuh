@@ -1,14 +1,15 @@
 /**
  * What every standalone kernel harness starts with (prefill_harness_common.cuh for the prefill
  * harnesses, hopper_prefill_harness.cu, hopper_decode_harness.cu): the instance macro holding
- * the union of the tested variants' parameters, the built-in variants, and the CUDA check
- * macro. Each harness includes its kernels' headers after this one.
+ * the union of the tested variants' parameters, the built-in variants, the CUDA check macro and
+ * the input generator (Rng). Each harness includes its kernels' headers after this one.
  */
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -39,3 +40,17 @@ using bf16 = __nv_bfloat16;
       std::exit(1);                                                                        \
     }                                                                                      \
   } while (0)
+
+/** The harnesses' deterministic inputs (splitmix64). */
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uni() { return float((next() >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }  // [-1, 1)
+  int below(int n) { return int(next() % uint64_t(n)); }
+};

@@ -43,17 +43,6 @@ static int g_fail = 0;
     }                                                                   \
   } while (0)
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uni() { return float((next() >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }
-};
 
 // ---------------------------------------------------------------- portable launch (as csrc)
 template <int D, typename Variant>
