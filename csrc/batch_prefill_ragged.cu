@@ -62,9 +62,9 @@ struct Impl;
 
 template <>
 struct Impl<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename DType>
+  template <int HEAD_DIM, int POS, typename Variant, typename Params>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, typename Params::DTypeKV>(
         a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   }
   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
@@ -78,9 +78,9 @@ struct Impl<FLASHGEN_CODE_backend_portable> {
 #if FLASHGEN_BACKEND_sm90
 template <>
 struct Impl<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename DType>
+  template <int HEAD_DIM, int POS, typename Variant, typename Params>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, DType>(
+    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
         a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   }
   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
@@ -91,6 +91,14 @@ struct Impl<FLASHGEN_CODE_backend_sm90> {
   }
 };
 #endif
+
+/** The workspace a call of this instance needs (the same Params and Variant as run's). */
+template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
+int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+  using Params = BatchPrefillRaggedParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  return Impl<BACKEND>::template workspace_bytes<HEAD_DIM, POS, Variant, Params>(a, dev);
+}
 
 template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
 int run(const Args& a, const DeviceInfo& dev) {
@@ -120,7 +128,7 @@ extern "C" FLASHGEN_API int flashgen_batch_prefill_ragged_workspace_size(const A
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(a, dev);
+    *bytes = workspace_bytes<FG_dtype, FG_head_dim, FG_pos_encoding, FG_variant, FG_backend>(a, dev);
   });
   return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
 }

@@ -250,12 +250,12 @@ static int call(const Params& p, int64_t total_q, int64_t kv_rows, void* ws, int
   }
 }
 
-template <bool kHopper, Kind K, int D, int POS, typename T, typename Params>
+template <bool kHopper, Kind K, int D, int POS, typename T, typename Variant, typename Params>
 static int64_t ws_bytes(const Params& p, int64_t total_q, int64_t kv_rows, int64_t batch,
                         const DeviceInfo& dev) {
   if constexpr (K == kSingle) {
     if constexpr (kHopper) {
-      return hopper::single_prefill_workspace_bytes<D, POS, T>(p.qo_len, p.kv_len, p.num_qo_heads,
+      return hopper::single_prefill_workspace_bytes<D, POS, Variant, Params>(p.qo_len, p.kv_len, p.num_qo_heads,
                                                                p.num_kv_heads, dev.sm_count);
     } else {
       return prefill::single_prefill_workspace_bytes<D, POS, T>(p.qo_len, p.kv_len, p.num_qo_heads,
@@ -263,7 +263,7 @@ static int64_t ws_bytes(const Params& p, int64_t total_q, int64_t kv_rows, int64
     }
   } else {
     if constexpr (kHopper) {
-      return hopper::batch_prefill_workspace_bytes<D, POS, T>(total_q, kv_rows, batch,
+      return hopper::batch_prefill_workspace_bytes<D, POS, Variant, Params>(total_q, kv_rows, batch,
                                                               p.num_qo_heads, p.num_kv_heads,
                                                               dev.sm_count);
     } else {
@@ -356,7 +356,7 @@ static void run_test(const Spec& s) {
     P.kv_rope_offset = s.offsets ? d_kvoff.p : nullptr;
     P.batch_size = B;
   }
-  const int64_t bytes = ws_bytes<true, K, D, POS, T>(P, total_q, total_kv, B, dev);
+  const int64_t bytes = ws_bytes<true, K, D, POS, T, Variant>(P, total_q, total_kv, B, dev);
   DevBuf<uint8_t> ws(size_t(std::max<int64_t>(bytes, 16)));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -533,8 +533,8 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
     P.q_rope_offset = P.kv_rope_offset = nullptr;
     P.batch_size = B;
   }
-  const int64_t b1 = ws_bytes<true, K, D, POS, T>(P, total, total, B, dev);
-  const int64_t b2 = ws_bytes<false, K, D, POS, T>(P, total, total, B, dev);
+  const int64_t b1 = ws_bytes<true, K, D, POS, T, Variant>(P, total, total, B, dev);
+  const int64_t b2 = ws_bytes<false, K, D, POS, T, Variant>(P, total, total, B, dev);
   DevBuf<uint8_t> ws1(size_t(std::max<int64_t>(b1, 16))), ws2(size_t(std::max<int64_t>(b2, 16)));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));

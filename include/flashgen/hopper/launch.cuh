@@ -2,14 +2,14 @@
  * @brief Host side of the Hopper prefill kernel: the same entry-point shapes as
  * prefill/launch.cuh, so a per-architecture backend can call either.
  *
- *   template <int HEAD_DIM, int POS, typename DType>
+ *   template <int HEAD_DIM, int POS, typename Variant, typename Params>
  *   int64_t hopper::single_prefill_workspace_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads,
  *                                                  sm_count)
  *   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
  *   int hopper::launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes,
  *                                     const DeviceInfo& dev, cudaStream_t stream)
  *
- *   template <int HEAD_DIM, int POS, typename DType>
+ *   template <int HEAD_DIM, int POS, typename Variant, typename Params>
  *   int64_t hopper::batch_prefill_workspace_bytes(total_q, kv_rows, batch_size, num_qo_heads,
  *                                                 num_kv_heads, sm_count)
  *   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
@@ -64,10 +64,9 @@ inline void add_block_counter(prefill::WorkspaceLayout* w) {
   w->total += 256;
 }
 
-template <int HEAD_DIM, int POS>
+template <typename Traits, int POS>
 inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
                                        int64_t num_kv_heads, int64_t sm_count) {
-  using Traits = HopperTraits<HEAD_DIM>;
   prefill::SinglePlan p;
   const int64_t G = num_qo_heads / num_kv_heads;
   p.num_tiles = prefill::ceil_div64(qo_len * G, Traits::kTileQ);
@@ -82,10 +81,11 @@ inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t n
   return p;
 }
 
-template <int HEAD_DIM, int POS, typename DType>
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
 inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
                                               int64_t num_kv_heads, int64_t sm_count) {
-  return plan_single<HEAD_DIM, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
+  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
+  return plan_single<Traits, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
 }
 
 template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched,
@@ -150,7 +150,7 @@ inline int make_contiguous_kv_maps(const Params& p, const DType* rope_k, int64_t
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev,
                           cudaStream_t stream) {
-  using Traits = HopperTraits<HEAD_DIM>;
+  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
   static_assert(sizeof(DType) == 2, "16-bit K/V");
   const char* what = "single_prefill (sm90)";
@@ -170,7 +170,7 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   }
   if (p.qo_len == 0) return FLASHGEN_OK;
   const prefill::SinglePlan plan =
-      plan_single<HEAD_DIM, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+      plan_single<Traits, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = prefill::check_ws(what, ws, ws_bytes, plan.ws.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);
   bool first = true;
@@ -221,11 +221,10 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   return FLASHGEN_OK;
 }
 
-template <int HEAD_DIM, int POS>
+template <typename Traits, int POS>
 inline prefill::WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batch,
                                            int64_t num_qo_heads, int64_t num_kv_heads,
                                            int64_t sm_count) {
-  using Traits = HopperTraits<HEAD_DIM>;
   const int64_t G = num_qo_heads / num_kv_heads;
   const int64_t su = prefill::split_units_per_head<Traits>(sm_count, num_kv_heads);
   const int64_t tile_bound = prefill::ceil_div64(total_q * G, Traits::kTileQ) + batch;
@@ -238,18 +237,19 @@ inline prefill::WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int
   return w;
 }
 
-template <int HEAD_DIM, int POS, typename DType>
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
 inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, int64_t batch,
                                              int64_t num_qo_heads, int64_t num_kv_heads,
                                              int64_t sm_count) {
-  return plan_batch<HEAD_DIM, POS>(total_q, kv_rows, batch, num_qo_heads, num_kv_heads, sm_count)
+  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
+  return plan_batch<Traits, POS>(total_q, kv_rows, batch, num_qo_heads, num_kv_heads, sm_count)
       .total;
 }
 
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                 int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
-  using Traits = HopperTraits<HEAD_DIM>;
+  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
   static_assert(sizeof(DType) == 2, "16-bit K/V");
   const char* what = "batch_prefill_ragged (sm90)";
@@ -268,7 +268,7 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if (kv_rows >= (int64_t{1} << 31)) {
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
-  const prefill::WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(
+  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
       total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);
@@ -327,7 +327,7 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
 template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
-  using Traits = HopperTraits<HEAD_DIM>;
+  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
   static_assert(sizeof(DType) == 2, "16-bit K/V");
   static_assert(PAGE_SIZE >= 1, "page size");
@@ -351,7 +351,7 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
                 "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
                 what);
   }
-  const prefill::WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(
+  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
       total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);

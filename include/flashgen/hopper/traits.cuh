@@ -7,10 +7,18 @@
  * operands in shared memory), the softmax, and O += P V (P from registers). K/V stream through
  * kStages buffers of kTileKV rows. Packed rows as in the portable kernel: packed row p is token
  * p / G, query head kv_head * G + p % G.
+ *
+ * An instance's traits come from HopperTraitsFor<HEAD_DIM, POS, Variant, Params>: the head_dim's
+ * shape (HopperConfig), with head_dim 64 dropping to two consumer warpgroups where the
+ * instance carries per-row state (consumer_warpgroups). The kernel, its launch and the
+ * workspace query all name that one alias, so they agree on the tile shapes.
  */
 #pragma once
 
 #include <cstdint>
+
+#include "flashgen/prefill/hooks.cuh"
+#include "flashgen/prefill/traits.cuh"
 
 namespace flashgen {
 namespace hopper {
@@ -58,10 +66,10 @@ struct HopperConfig<256> {
   static constexpr bool kPingPong = false;
 };
 
-template <int HEAD_DIM_>
+template <int HEAD_DIM_, int CONSUMER_WGS = HopperConfig<HEAD_DIM_>::kConsumerWGs>
 struct HopperTraits {
   static constexpr int kHeadDim = HEAD_DIM_;
-  static constexpr int kConsumerWGs = HopperConfig<HEAD_DIM_>::kConsumerWGs;
+  static constexpr int kConsumerWGs = CONSUMER_WGS;
   static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "2 or 3 consumer warpgroups");
   static constexpr int kTileQ = 64 * kConsumerWGs;  // 64 packed query rows per warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
@@ -94,6 +102,29 @@ struct HopperTraits {
   static_assert(kTileKV % 16 == 0 && kTileKV <= 256, "kv tile: wgmma n and k steps");
   static_assert(kConsumerWGs * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "registers");
 };
+
+/**
+ * Consumer warpgroups of one instance. Three warpgroups leave each consumer thread 160
+ * registers; head_dim 64's S, O and P fit in them, but state held per query row across the
+ * kv loop does not: RoPE, a LinearBias hook (ALiBi) or a MaskBounds hook (sliding window)
+ * made ptxas spill (4 to 180 bytes stored) in 87 of the 160 head_dim-64 kernels of the matrix
+ * (benches/runs/spills-session10.txt). Those instances take two warpgroups (240 registers),
+ * the shape head_dim 64 had before; the others keep the head_dim's shape.
+ */
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
+constexpr int consumer_warpgroups() {
+  constexpr bool kRowState = POS == prefill::kPosRopeLlama ||
+                             prefill::has_linear_bias<Variant, Params>::value ||
+                             prefill::has_mask_bounds<Variant, Params>::value;
+  return HopperConfig<HEAD_DIM>::kConsumerWGs == 3 && kRowState
+             ? 2
+             : HopperConfig<HEAD_DIM>::kConsumerWGs;
+}
+
+/** The traits of one instance (kernel, launch and workspace query). */
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
+using HopperTraitsFor =
+    HopperTraits<HEAD_DIM, consumer_warpgroups<HEAD_DIM, POS, Variant, Params>()>;
 
 }  // namespace hopper
 }  // namespace flashgen
