@@ -80,6 +80,12 @@ struct BlockSlot {
 #define FLASHGEN_HOPPER_BLOCK_ORDER 0
 #endif
 
+/** Rows in flight per thread of the page-size-1 gather (each needs its page index and source
+ *  address in the producer's 24 registers): 4 spilled 12-60 B in every such kernel. */
+#ifndef FLASHGEN_HOPPER_GATHER_UNROLL
+#define FLASHGEN_HOPPER_GATHER_UNROLL 2
+#endif
+
 /** Dynamic block order: 1, a persistent CTA's first block is blockIdx.x and each next one comes
  *  from an atomic counter in the workspace (zeroed by the prep kernel), so CTAs take the
  *  (heavy-first) blocks in order as they free up; 0, the static order of block_of. Where it
@@ -265,6 +271,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     b.unit = blk / num_kv_heads;
     if (!sched.get(b.unit, b.w)) return false;
     b.rq = prefill::request_info(params, b.w.batch);
+    // Without RoPE nothing reads the offsets; zeroed, their loads are dropped (the plan goes to
+    // shared memory, so they would stay, and the scheduler thread's 24 registers spilled).
+    if constexpr (!kRope) b.rq.q_rope_offset = b.rq.kv_rope_offset = 0;
     const int32_t qo_len = int32_t(b.rq.qo_len), kv_len = int32_t(b.rq.kv_len);
     b.qo_len = qo_len;
     b.kv_len = kv_len;
@@ -461,7 +470,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const uint32_t ph = (g / kStages) & 1u;
           const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
           mbar_wait(empty_k(s), ph ^ 1u);
-#pragma unroll 4
+#pragma unroll FLASHGEN_HOPPER_GATHER_UNROLL
           for (int i = 0; i < kPasses; ++i) {
             const int32_t pos = pos0 + i * int32_t(kRowStep);
             const bool ok = pos < b.kv_len;
@@ -472,7 +481,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           mbar_cp_async_arrive(full_k(s));
           mbar_wait(empty_v(s), ph ^ 1u);
-#pragma unroll 4
+#pragma unroll FLASHGEN_HOPPER_GATHER_UNROLL
           for (int i = 0; i < kPasses; ++i) {
             const int32_t pos = pos0 + i * int32_t(kRowStep);
             const bool ok = pos < b.kv_len;
