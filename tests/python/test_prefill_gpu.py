@@ -156,6 +156,12 @@ def single_cases() -> list[dict[str, Any]]:
                             cases.append(_case(variant=variant, dtype=dtype, head_dim=head_dim,
                                                shape=(qo, kv), causal=causal, layout=layout,
                                                sm_scale=0.05 if layout == "HND" else None))
+    # head_dim 64 with a variant that holds per-row state (ALiBi's LinearBias, the window's
+    # MaskBounds): the sm90 kernel takes another tile shape for them (hopper/traits.cuh).
+    if not FULL:
+        for variant in ("sliding_window", "alibi"):
+            for causal in (True, False):
+                cases.append(_case(variant=variant, head_dim=64, shape=(129, 1000), causal=causal))
     return cases
 
 
@@ -194,6 +200,11 @@ def batch_cases() -> list[dict[str, Any]]:
                     for name in (BATCH_LENS if FULL else ("mixed",)):
                         cases.append(_case(kind=kind, page_size=ps, lens=name, dtype=dtype,
                                            head_dim=head_dim, causal=True))
+            # head_dim 64 with per-row state (as in single_cases)
+            if not FULL:
+                for variant in ("sliding_window", "alibi"):
+                    cases.append(_case(kind=kind, page_size=ps, lens="mixed", variant=variant,
+                                       head_dim=64, causal=True))
     return cases
 
 

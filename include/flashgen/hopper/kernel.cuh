@@ -458,6 +458,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       constexpr uint32_t kRowStep = 128 / kChunks;
       constexpr int kPasses = kTileKV / int(kRowStep);
       static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
+      constexpr int kGatherUnroll = FLASHGEN_HOPPER_GATHER_UNROLL;  // (pragmas expand no macros)
       const uint32_t c = tid % kChunks, r0 = tid / kChunks;
       uint32_t g = 0;
       for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
@@ -470,7 +471,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const uint32_t ph = (g / kStages) & 1u;
           const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
           mbar_wait(empty_k(s), ph ^ 1u);
-#pragma unroll FLASHGEN_HOPPER_GATHER_UNROLL
+#pragma unroll kGatherUnroll
           for (int i = 0; i < kPasses; ++i) {
             const int32_t pos = pos0 + i * int32_t(kRowStep);
             const bool ok = pos < b.kv_len;
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
           mbar_cp_async_arrive(full_k(s));
           mbar_wait(empty_v(s), ph ^ 1u);
-#pragma unroll FLASHGEN_HOPPER_GATHER_UNROLL
+#pragma unroll kGatherUnroll
           for (int i = 0; i < kPasses; ++i) {
             const int32_t pos = pos0 + i * int32_t(kRowStep);
             const bool ok = pos < b.kv_len;

@@ -21,10 +21,12 @@ enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
 template <int HEAD_DIM>
 struct PrefillConfig;
 
-// head_dim 64: 4 warps x 32 rows, 128-row kv tiles (S 128 + O 64 floats per thread).
-// (FLASHGEN_PREFILL_D64_TILE_KV overrides the kv tile for experiments.)
+// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread). 128-row
+// tiles ran single causal 8192 3.6 % faster (314.8 against 303.8 TFLOP/s, NOTES-prefill.md) but
+// their S of 128 floats made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the RoPE,
+// variant and batch ones; with 64 rows none spills. (FLASHGEN_PREFILL_D64_TILE_KV: experiments.)
 #ifndef FLASHGEN_PREFILL_D64_TILE_KV
-#define FLASHGEN_PREFILL_D64_TILE_KV 128
+#define FLASHGEN_PREFILL_D64_TILE_KV 64
 #endif
 template <>
 struct PrefillConfig<64> {
