@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "flashgen/decode/query.cuh"
 #include "flashgen/decode/softmax.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
@@ -156,32 +157,14 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     ptx::cp_async_commit();
   }
 
-  // Query fragments, the B operand of S^T = K Q^T: head `group`, dims 2*pair.. of each k step
-  // (loaded once the first K/V copies are in flight, so the two latencies overlap).
-  // The transformed query is split as hi + lo, both in the input dtype, and the scores take two
-  // mma: the logits come out as exact as fp32 (one rounding of the scaled query would put a
-  // 2^-9 relative error on every logit, which an LSE over 32k tokens does not average away).
+  // Query fragments (decode/query.cuh): head `group`, loaded once the first K/V copies are in
+  // flight, so the two latencies overlap.
   uint32_t qf[Traits::kKSteps][2];
   uint32_t qf_lo[Traits::kKSteps][2];
   {
     const bool valid = group < num_heads;
-    const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-#pragma unroll
-      for (int half_k = 0; half_k < 2; ++half_k) {
-        const int d = ks * 16 + half_k * 8 + 2 * pair;
-        float x0 = 0.f, x1 = 0.f;
-        if (valid) {
-          x0 = hooks::query_transform(variant, params, to_float(qh[d]));
-          x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
-        }
-        const float h0 = to_float(from_float<DTypeKV>(x0));
-        const float h1 = to_float(from_float<DTypeKV>(x1));
-        qf[ks][half_k] = ptx::pack2<DTypeKV>(h0, h1);
-        qf_lo[ks][half_k] = ptx::pack2<DTypeKV>(x0 - h0, x1 - h1);
-      }
-    }
+    load_query_split<DTypeKV>(q + static_cast<int64_t>(valid ? group : 0) * q_stride_h, valid,
+                              pair, variant, params, qf, qf_lo);
   }
 
   for (uint32_t i = 0; i < my_tiles; ++i) {

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/query.cuh"
 #include "flashgen/decode/softmax.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
@@ -314,30 +315,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
   } else {
-    // Query fragments (hi + lo parts), as decode/kernel.cuh: head `group`, dims 2*pair.. of
-    // each k step; loaded while the first stages are in flight.
+    // Query fragments (decode/query.cuh): head `group`; loaded while the first stages are in
+    // flight.
     uint32_t qf[Traits::kKSteps][2];
     uint32_t qf_lo[Traits::kKSteps][2];
     {
       const bool valid = group < num_heads;
-      const DTypeQ* qh =
-          params.q + (head0 + static_cast<int64_t>(valid ? group : 0)) * params.q_stride_h;
-#pragma unroll
-      for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-#pragma unroll
-        for (int half_k = 0; half_k < 2; ++half_k) {
-          const int d = ks * 16 + half_k * 8 + 2 * pair;
-          float x0 = 0.f, x1 = 0.f;
-          if (valid) {
-            x0 = hooks::query_transform(variant, params, to_float(qh[d]));
-            x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
-          }
-          const float h0 = to_float(from_float<DTypeKV>(x0));
-          const float h1 = to_float(from_float<DTypeKV>(x1));
-          qf[ks][half_k] = ptx::pack2<DTypeKV>(h0, h1);
-          qf_lo[ks][half_k] = ptx::pack2<DTypeKV>(x0 - h0, x1 - h1);
-        }
-      }
+      decode::load_query_split<DTypeKV>(
+          params.q + (head0 + static_cast<int64_t>(valid ? group : 0)) * params.q_stride_h, valid,
+          pair, variant, params, qf, qf_lo);
     }
 
     // ldmatrix rows: K as A (rows = tokens), V as A^T via .trans; the 128-byte swizzle puts

@@ -1,0 +1,51 @@
+/**
+ * @brief The query fragments of the decode kernels' S^T = K Q^T (the mma.m16n8k16 B operand),
+ * shared by the portable decode (decode/kernel.cuh) and the Hopper single decode
+ * (hopper/decode.cuh).
+ *
+ * The variant's QueryTransform runs in fp32; the transformed query is then split as hi + lo, both
+ * in the K/V dtype, and the scores take two mma: the logits come out as exact as fp32 (one
+ * rounding of the scaled query would put a 2^-9 relative error on every logit, which an LSE over
+ * 32k tokens does not average away).
+ */
+#pragma once
+
+#include <cstdint>
+
+#include "flashgen/dtype.cuh"
+#include "flashgen/ptx_sm80.cuh"
+#include "flashgen/variant_hooks.cuh"
+
+namespace flashgen {
+namespace decode {
+
+/**
+ * Head row `qh` (read only when `valid`; zeros otherwise), dims 2 * pair.. of each of the kKSteps
+ * k steps: qf[ks][half_k] holds the hi parts of dims ks * 16 + half_k * 8 + 2 * pair and the next,
+ * qf_lo the rest.
+ */
+template <typename DTypeKV, int kKSteps, typename DTypeQ, typename Variant, typename Params>
+__device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, uint32_t pair,
+                                                 Variant& variant, const Params& params,
+                                                 uint32_t (&qf)[kKSteps][2],
+                                                 uint32_t (&qf_lo)[kKSteps][2]) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int half_k = 0; half_k < 2; ++half_k) {
+      const int d = ks * 16 + half_k * 8 + 2 * pair;
+      float x0 = 0.f, x1 = 0.f;
+      if (valid) {
+        x0 = hooks::query_transform(variant, params, to_float(qh[d]));
+        x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
+      }
+      const float h0 = to_float(from_float<DTypeKV>(x0));
+      const float h1 = to_float(from_float<DTypeKV>(x1));
+      qf[ks][half_k] = ptx::pack2<DTypeKV>(h0, h1);
+      qf_lo[ks][half_k] = ptx::pack2<DTypeKV>(x0 - h0, x1 - h1);
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace flashgen
