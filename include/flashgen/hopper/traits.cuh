@@ -1,10 +1,10 @@
 /**
  * @brief Tile shapes of the Hopper prefill kernel (wgmma + TMA, sm_90a).
  *
- * A CTA is 3 warpgroups: warpgroup 0 loads K/V tiles with the bulk tensor copy engine (one
- * thread issues, registers cut to kProducerRegs), warpgroups 1 and 2 each own 64 of the
- * kTileQ = 128 packed query rows (registers raised to kConsumerRegs) and run S = Q K^T (both
- * operands in shared memory), the softmax, and O += P V (P from registers). K/V stream through
+ * A CTA is 1 + kConsumerWGs warpgroups: warpgroup 0 loads K/V tiles with the bulk tensor copy
+ * engine (registers cut to kProducerRegs), each consumer warpgroup owns 64 of the kTileQ =
+ * 64 * kConsumerWGs packed query rows (registers raised to kConsumerRegs) and runs S = Q K^T
+ * (both operands in shared memory), the softmax, and O += P V (P from registers). K/V stream through
  * kStages buffers of kTileKV rows. Packed rows as in the portable kernel: packed row p is token
  * p / G, query head kv_head * G + p % G.
  *
