@@ -21,20 +21,25 @@ enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
 template <int HEAD_DIM>
 struct PrefillConfig;
 
-// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread). 128-row
-// tiles ran single causal 8192 3.6 % faster (314.8 against 303.8 TFLOP/s, NOTES-prefill.md) but
-// their S of 128 floats made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the RoPE,
-// variant and batch ones; with 64 rows none spills. (FLASHGEN_PREFILL_D64_TILE_KV: experiments.)
+// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread), three CTAs
+// an SM (about 50 KB of shared memory each, 168 registers a thread). 128-row tiles (S 128) made
+// ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the default single causal one inside
+// its loop; 64-row tiles at two CTAs an SM spill nothing but ran single causal 8192 6 % slower,
+// at three as fast as 128-row tiles (NOTES-prefill.md, run 10). (Experiments:
+// FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS}.)
 #ifndef FLASHGEN_PREFILL_D64_TILE_KV
 #define FLASHGEN_PREFILL_D64_TILE_KV 64
+#endif
+#ifndef FLASHGEN_PREFILL_D64_MIN_CTAS
+#define FLASHGEN_PREFILL_D64_MIN_CTAS 3
 #endif
 template <>
 struct PrefillConfig<64> {
   static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = FLASHGEN_PREFILL_D64_TILE_KV, kStages = 2,
-                       kMinCtas = 2;
+                       kMinCtas = FLASHGEN_PREFILL_D64_MIN_CTAS;
 };
 // head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
-// (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES}.)
+// (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES,MIN_CTAS}.)
 #ifndef FLASHGEN_PREFILL_D128_WARPS
 #define FLASHGEN_PREFILL_D128_WARPS 4
 #endif
@@ -47,11 +52,15 @@ struct PrefillConfig<64> {
 #ifndef FLASHGEN_PREFILL_D128_STAGES
 #define FLASHGEN_PREFILL_D128_STAGES 2
 #endif
+#ifndef FLASHGEN_PREFILL_D128_MIN_CTAS
+#define FLASHGEN_PREFILL_D128_MIN_CTAS 2
+#endif
 template <>
 struct PrefillConfig<128> {
   static constexpr int kWarps = FLASHGEN_PREFILL_D128_WARPS, kMmaQ = FLASHGEN_PREFILL_D128_MMA_Q,
                        kTileKV = FLASHGEN_PREFILL_D128_TILE_KV,
-                       kStages = FLASHGEN_PREFILL_D128_STAGES, kMinCtas = 2;
+                       kStages = FLASHGEN_PREFILL_D128_STAGES,
+                       kMinCtas = FLASHGEN_PREFILL_D128_MIN_CTAS;
 };
 // head_dim 256: 8 warps x 16 rows, 64-row kv tiles (S 32 + O 128 floats), single K/V buffers:
 // 128 KB (fits sm_80's 163 KB).
