@@ -21,17 +21,17 @@ enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
 template <int HEAD_DIM>
 struct PrefillConfig;
 
-// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread), three CTAs
-// an SM (about 50 KB of shared memory each, 168 registers a thread). 128-row tiles (S 128) made
-// ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the default single causal one inside
-// its loop; 64-row tiles at two CTAs an SM spill nothing but ran single causal 8192 6 % slower,
-// at three as fast as 128-row tiles (NOTES-prefill.md, run 10). (Experiments:
-// FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS}.)
+// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread), two CTAs an
+// SM. 128-row tiles (S 128) made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the
+// default single causal one inside its loop. 64-row tiles leave room for three CTAs (50 KB of
+// shared memory each), which ran single causal 8192 6 % faster than two, but at 168 registers
+// the sliding-window, one sigmoid and most paged kernels spilled (NOTES-prefill.md, run 10).
+// (Experiments: FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS}.)
 #ifndef FLASHGEN_PREFILL_D64_TILE_KV
 #define FLASHGEN_PREFILL_D64_TILE_KV 64
 #endif
 #ifndef FLASHGEN_PREFILL_D64_MIN_CTAS
-#define FLASHGEN_PREFILL_D64_MIN_CTAS 3
+#define FLASHGEN_PREFILL_D64_MIN_CTAS 2
 #endif
 template <>
 struct PrefillConfig<64> {
