@@ -116,7 +116,8 @@ extern "C" FLASHGEN_API int flashgen_single_prefill_workspace_size(const Args* a
   DeviceInfo dev;
   if (int st = current_device(&dev)) return st;
   const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes = workspace_bytes<FG_dtype, FG_head_dim, FG_pos_encoding, FG_variant, FG_backend>(a, dev);
+    *bytes =
+        workspace_bytes<FG_dtype, FG_head_dim, FG_pos_encoding, FG_variant, FG_backend>(a, dev);
   });
   return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
 }

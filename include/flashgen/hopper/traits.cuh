@@ -4,9 +4,9 @@
  * A CTA is 1 + kConsumerWGs warpgroups: warpgroup 0 loads K/V tiles with the bulk tensor copy
  * engine (registers cut to kProducerRegs), each consumer warpgroup owns 64 of the kTileQ =
  * 64 * kConsumerWGs packed query rows (registers raised to kConsumerRegs) and runs S = Q K^T
- * (both operands in shared memory), the softmax, and O += P V (P from registers). K/V stream through
- * kStages buffers of kTileKV rows. Packed rows as in the portable kernel: packed row p is token
- * p / G, query head kv_head * G + p % G.
+ * (both operands in shared memory), the softmax, and O += P V (P from registers). K/V stream
+ * through kStages buffers of kTileKV rows. Packed rows as in the portable kernel: packed row p
+ * is token p / G, query head kv_head * G + p % G.
  *
  * An instance's traits come from HopperTraitsFor<HEAD_DIM, POS, Variant, Params>: the head_dim's
  * shape (HopperConfig), with head_dim 64 dropping to two consumer warpgroups where the
