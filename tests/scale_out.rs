@@ -692,12 +692,14 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
     let server_addr = format!("127.0.0.1:{server_port}");
     let client_token = dist_auth(&dist, &["generate-shared-token"]);
     let key = dist_auth(&dist, &["generate-jwt-hs256-key"]);
+    // `--secret-key=KEY` in one argument: the random key may begin with '-' (its alphabet is
+    // base64url), which the CLI would take for an option (seen: "unexpected argument '-F'").
+    let secret_key = format!("--secret-key={key}");
     let server_token = dist_auth(
         &dist,
         &[
             "generate-jwt-hs256-server-token",
-            "--secret-key",
-            &key,
+            &secret_key,
             "--server",
             &server_addr,
         ],
