@@ -83,10 +83,9 @@ struct SinglePlan {
   WorkspaceLayout ws;
 };
 
-template <int HEAD_DIM, int POS>
+template <typename Traits, int POS>
 inline SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
                               int64_t num_kv_heads, int64_t sm_count) {
-  using Traits = PrefillTraits<HEAD_DIM>;
   SinglePlan p;
   const int64_t G = num_qo_heads / num_kv_heads;
   p.num_tiles = ceil_div64(qo_len * G, Traits::kTileQ);
@@ -101,10 +100,9 @@ inline SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t num_qo_hea
   return p;
 }
 
-template <int HEAD_DIM, int POS>
+template <typename Traits, int POS>
 inline WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batch,
                                   int64_t num_qo_heads, int64_t num_kv_heads, int64_t sm_count) {
-  using Traits = PrefillTraits<HEAD_DIM>;
   const int64_t G = num_qo_heads / num_kv_heads;
   const int64_t su = split_units_per_head<Traits>(sm_count, num_kv_heads);
   const int64_t tile_bound = ceil_div64(total_q * G, Traits::kTileQ) + batch;
@@ -116,19 +114,30 @@ inline WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batc
   return w;
 }
 
+// The workspace queries take no variant, so they do not know which CTAs-an-SM count the
+// launch's kernel has (PrefillTraitsFor): they return the larger plan of the two.
+template <int HEAD_DIM>
+using LeanTraits = PrefillTraits<HEAD_DIM, PrefillConfig<HEAD_DIM>::kMinCtasLean>;
+
 template <int HEAD_DIM, int POS, typename DType>
 inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len,
                                               int64_t num_qo_heads, int64_t num_kv_heads,
                                               int64_t sm_count) {
-  return plan_single<HEAD_DIM, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
+  return std::max(
+      plan_single<PrefillTraits<HEAD_DIM>, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads,
+                                                sm_count).ws.total,
+      plan_single<LeanTraits<HEAD_DIM>, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count)
+          .ws.total);
 }
 
 template <int HEAD_DIM, int POS, typename DType>
 inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, int64_t batch,
                                              int64_t num_qo_heads, int64_t num_kv_heads,
                                              int64_t sm_count) {
-  return plan_batch<HEAD_DIM, POS>(total_q, kv_rows, batch, num_qo_heads, num_kv_heads, sm_count)
-      .total;
+  return std::max(plan_batch<PrefillTraits<HEAD_DIM>, POS>(total_q, kv_rows, batch, num_qo_heads,
+                                                            num_kv_heads, sm_count).total,
+                  plan_batch<LeanTraits<HEAD_DIM>, POS>(total_q, kv_rows, batch, num_qo_heads,
+                                                         num_kv_heads, sm_count).total);
 }
 
 inline int check_heads(const char* what, int64_t num_qo_heads, int64_t num_kv_heads) {
@@ -174,7 +183,7 @@ inline int rope_blocks(int64_t items, const DeviceInfo& dev) {
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev,
                           cudaStream_t stream) {
-  using Traits = PrefillTraits<HEAD_DIM>;
+  using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "single_prefill";
   if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
@@ -188,7 +197,7 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   }
   if (p.qo_len == 0) return FLASHGEN_OK;
   const SinglePlan plan =
-      plan_single<HEAD_DIM, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+      plan_single<Traits, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, plan.ws.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);
   const bool pdl = dev.major >= 9;
@@ -277,7 +286,7 @@ int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                 int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
-  using Traits = PrefillTraits<HEAD_DIM>;
+  using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "batch_prefill_ragged";
   if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
@@ -289,8 +298,8 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
     return fail(FLASHGEN_INVALID_ARGUMENT,
                 "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
   }
-  const WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(total_q, kv_rows, p.batch_size,
-                                                      p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+  const WorkspaceLayout L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size,
+                                                    p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
   auto main = prefill_kernel<Traits, MASK, POS, 1, Variant, Params, BatchSched>;
   using Tag = MainKernelTag<Traits, MASK, POS, 1, Variant, Params, BatchSched>;
@@ -306,7 +315,7 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
 template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
-  using Traits = PrefillTraits<HEAD_DIM>;
+  using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "batch_prefill_paged";
   if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
@@ -326,8 +335,8 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
                 "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
                 what);
   }
-  const WorkspaceLayout L = plan_batch<HEAD_DIM, POS>(total_q, kv_rows, p.batch_size,
-                                                      p.num_qo_heads, p.num_kv_heads, dev.sm_count);
+  const WorkspaceLayout L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size,
+                                                    p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
   auto main = prefill_kernel<Traits, MASK, POS, PAGE_SIZE, Variant, Params, BatchSched>;
   using Tag = MainKernelTag<Traits, MASK, POS, PAGE_SIZE, Variant, Params, BatchSched>;

@@ -11,6 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "flashgen/prefill/hooks.cuh"
 
 namespace flashgen {
 namespace prefill {
@@ -21,22 +25,27 @@ enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
 template <int HEAD_DIM>
 struct PrefillConfig;
 
-// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread), two CTAs an
-// SM. 128-row tiles (S 128) made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the
-// default single causal one inside its loop. 64-row tiles leave room for three CTAs (50 KB of
-// shared memory each), which ran single causal 8192 6 % faster than two, but at 168 registers
-// the sliding-window, one sigmoid and most paged kernels spilled (NOTES-prefill.md, run 10).
-// (Experiments: FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS}.)
+// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread). 128-row
+// tiles (S 128) made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the default single
+// causal one inside its loop. 64-row tiles leave room for three CTAs an SM (50 KB of shared
+// memory each): 6 % faster on single causal 8192 than two, but at 168 registers the
+// sliding-window, a sigmoid and most paged kernels spilled (NOTES-prefill.md, run 10), so three
+// are for the lean kernels only (kMinCtasLean, PrefillTraitsFor). (Experiments:
+// FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS,MIN_CTAS_LEAN}.)
 #ifndef FLASHGEN_PREFILL_D64_TILE_KV
 #define FLASHGEN_PREFILL_D64_TILE_KV 64
 #endif
 #ifndef FLASHGEN_PREFILL_D64_MIN_CTAS
 #define FLASHGEN_PREFILL_D64_MIN_CTAS 2
 #endif
+#ifndef FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN
+#define FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN 3
+#endif
 template <>
 struct PrefillConfig<64> {
   static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = FLASHGEN_PREFILL_D64_TILE_KV, kStages = 2,
-                       kMinCtas = FLASHGEN_PREFILL_D64_MIN_CTAS;
+                       kMinCtas = FLASHGEN_PREFILL_D64_MIN_CTAS,
+                       kMinCtasLean = FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN;
 };
 // head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
 // (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES,MIN_CTAS}.)
@@ -60,16 +69,19 @@ struct PrefillConfig<128> {
   static constexpr int kWarps = FLASHGEN_PREFILL_D128_WARPS, kMmaQ = FLASHGEN_PREFILL_D128_MMA_Q,
                        kTileKV = FLASHGEN_PREFILL_D128_TILE_KV,
                        kStages = FLASHGEN_PREFILL_D128_STAGES,
-                       kMinCtas = FLASHGEN_PREFILL_D128_MIN_CTAS;
+                       kMinCtas = FLASHGEN_PREFILL_D128_MIN_CTAS, kMinCtasLean = kMinCtas;
 };
 // head_dim 256: 8 warps x 16 rows, 64-row kv tiles (S 32 + O 128 floats), single K/V buffers:
 // 128 KB (fits sm_80's 163 KB).
 template <>
 struct PrefillConfig<256> {
-  static constexpr int kWarps = 8, kMmaQ = 1, kTileKV = 64, kStages = 1, kMinCtas = 1;
+  static constexpr int kWarps = 8, kMmaQ = 1, kTileKV = 64, kStages = 1, kMinCtas = 1,
+                       kMinCtasLean = 1;
 };
 
-template <int HEAD_DIM_>
+/** MIN_CTAS: the CTAs an SM the kernel is built for (its __launch_bounds__ and the split plan);
+ *  PrefillTraitsFor picks it per kernel. */
+template <int HEAD_DIM_, int MIN_CTAS = PrefillConfig<HEAD_DIM_>::kMinCtas>
 struct PrefillTraits {
   using Cfg = PrefillConfig<HEAD_DIM_>;
   static constexpr int kHeadDim = HEAD_DIM_;
@@ -80,7 +92,7 @@ struct PrefillTraits {
   static constexpr int kTileQ = kWarps * kWarpRows;  // packed query rows per CTA
   static constexpr int kTileKV = Cfg::kTileKV;
   static constexpr int kStages = Cfg::kStages;
-  static constexpr int kMinCtas = Cfg::kMinCtas;     // __launch_bounds__ and the split plan
+  static constexpr int kMinCtas = MIN_CTAS;          // __launch_bounds__ and the split plan
   static constexpr int kChunks = kHeadDim / 8;       // 16-byte chunks per row
   static constexpr int kNT = kTileKV / 8;            // n tiles of S per m tile
   static constexpr int kDT = kHeadDim / 8;           // n tiles of O per m tile
@@ -99,6 +111,28 @@ struct PrefillTraits {
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "fragments come in pairs");
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
 };
+
+/**
+ * The traits of one kernel: kMinCtasLean CTAs an SM for the lean kernels (a softmax variant
+ * without MaskBounds, over dense K/V), kMinCtas for the others, whose extra state did not fit
+ * the lean count's registers. The kernel and its launch name this alias; the workspace queries
+ * (launch.cuh), which do not take the variant, size for the larger plan of the two.
+ */
+template <typename Params, typename = void>
+struct has_page_table : std::false_type {};
+template <typename Params>
+struct has_page_table<Params, std::void_t<decltype(std::declval<Params&>().kv_indices)>>
+    : std::true_type {};
+
+template <int HEAD_DIM, typename Variant, typename Params>
+constexpr int min_ctas() {
+  constexpr bool kLean = Variant::use_softmax && !has_mask_bounds<Variant, Params>::value &&
+                         !has_page_table<Params>::value;
+  return kLean ? PrefillConfig<HEAD_DIM>::kMinCtasLean : PrefillConfig<HEAD_DIM>::kMinCtas;
+}
+
+template <int HEAD_DIM, typename Variant, typename Params>
+using PrefillTraitsFor = PrefillTraits<HEAD_DIM, min_ctas<HEAD_DIM, Variant, Params>()>;
 
 /** Minimum kv chunk (in kv tiles) a split-KV unit gets. */
 #ifndef FLASHGEN_PREFILL_MIN_CHUNK_TILES
