@@ -81,11 +81,15 @@ int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) 
   return FLASHGEN_OK;
 }
 
-/** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own. */
-template <int HEAD_DIM, int PAGE_SIZE>
+/** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own (run_rope's Params
+ *  and Variant). */
+template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
 int64_t rope_workspace(const Args& a, const DeviceInfo& dev, int64_t* indptr_bytes) {
+  using Params = BatchPrefillPagedParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
   *indptr_bytes = prefill::align256((a.batch_size + 1) * 4);
-  return *indptr_bytes + prefill::batch_prefill_workspace_bytes<HEAD_DIM, prefill::kPosRopeLlama, half>(
+  return *indptr_bytes + prefill::batch_prefill_workspace_bytes<HEAD_DIM, prefill::kPosRopeLlama,
+                                                                Variant, Params>(
                              a.batch_size, a.num_page_ids * PAGE_SIZE, a.batch_size,
                              a.num_qo_heads, a.num_kv_heads, dev.sm_count);
 }
@@ -96,7 +100,7 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   using Params = BatchPrefillPagedParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   int64_t indptr_bytes = 0;
-  const int64_t need = rope_workspace<HEAD_DIM, PAGE_SIZE>(a, dev, &indptr_bytes);
+  const int64_t need = rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
   if (a.workspace == nullptr || a.workspace_bytes < need || !aligned16(a.workspace)) {
     return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
                 "batch_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p",
@@ -226,7 +230,8 @@ extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* arg
   const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
     if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
       int64_t indptr_bytes = 0;
-      *bytes = rope_workspace<FG_head_dim, FG_page_size>(*args, dev, &indptr_bytes);
+      *bytes = rope_workspace<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(*args, dev,
+                                                                            &indptr_bytes);
     } else {
       Plan plan;
       make_plan<FG_head_dim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);

@@ -63,7 +63,7 @@ template <>
 struct Impl<FLASHGEN_CODE_backend_portable> {
   template <int HEAD_DIM, int PAGE_SIZE, int POS, typename Variant, typename Params>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, typename Params::DTypeKV>(
+    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
         a.total_q, kv_rows(a, PAGE_SIZE), a.batch_size, a.num_qo_heads, a.num_kv_heads,
         dev.sm_count);
   }

@@ -71,6 +71,16 @@ int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
   return FLASHGEN_OK;
 }
 
+/** The rope_llama path's workspace: the single prefill's, for run_rope's Params and Variant. */
+template <typename DType, int HEAD_DIM, typename Tag>
+int64_t rope_workspace(int64_t kv_len, int64_t num_qo_heads, int64_t num_kv_heads,
+                       const DeviceInfo& dev) {
+  using Params = SinglePrefillParams<DType, DType, DType>;
+  using Variant = typename Tag::template type<Params>;
+  return prefill::single_prefill_workspace_bytes<HEAD_DIM, prefill::kPosRopeLlama, Variant, Params>(
+      1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
+}
+
 /** The rope_llama path: one query at position kv_len - 1, through the prefill kernels. */
 template <typename DType, int HEAD_DIM, typename Tag>
 int run_rope(const Args& a, const DeviceInfo& dev) {
@@ -218,8 +228,8 @@ extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* ar
   if (int st = current_device(&dev)) return st;
   const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
     if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      *bytes = prefill::single_prefill_workspace_bytes<FG_head_dim, FG_pos_encoding, FG_dtype>(
-          1, kv_len, num_qo_heads, num_kv_heads, dev.sm_count);
+      *bytes = rope_workspace<FG_dtype, FG_head_dim, FG_variant>(kv_len, num_qo_heads,
+                                                                 num_kv_heads, dev);
     } else {
       *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim>(*args, dev);
     }

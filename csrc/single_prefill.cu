@@ -57,7 +57,7 @@ template <>
 struct Impl<FLASHGEN_CODE_backend_portable> {
   template <int HEAD_DIM, int POS, typename Variant, typename Params>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, typename Params::DTypeKV>(
+    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
         a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   }
   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>

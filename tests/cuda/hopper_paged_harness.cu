@@ -51,17 +51,16 @@ static int64_t ws_bytes(const Params& p, int64_t total_q, int64_t kv_rows, int64
       return hopper::single_prefill_workspace_bytes<D, POS, Variant, Params>(
           p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
     } else {
-      return prefill::single_prefill_workspace_bytes<D, POS, T>(p.qo_len, p.kv_len, p.num_qo_heads,
-                                                                p.num_kv_heads, dev.sm_count);
+      return prefill::single_prefill_workspace_bytes<D, POS, Variant, Params>(
+          p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
     }
   } else {
     if constexpr (H) {
       return hopper::batch_prefill_workspace_bytes<D, POS, Variant, Params>(
           total_q, kv_rows, batch, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
     } else {
-      return prefill::batch_prefill_workspace_bytes<D, POS, T>(total_q, kv_rows, batch,
-                                                               p.num_qo_heads, p.num_kv_heads,
-                                                               dev.sm_count);
+      return prefill::batch_prefill_workspace_bytes<D, POS, Variant, Params>(
+          total_q, kv_rows, batch, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
     }
   }
 }

@@ -44,16 +44,15 @@ static int call_kernel(const Params& p, int64_t total_q, int64_t kv_rows, void* 
   }
 }
 
-template <Kind K, int D, int POS, typename T, typename Params>
+template <Kind K, int D, int POS, typename Variant, typename Params>
 static int64_t ws_bytes(const Params& p, int64_t total_q, int64_t kv_rows, int64_t batch,
                         const DeviceInfo& dev) {
   if constexpr (K == kSingle) {
-    return prefill::single_prefill_workspace_bytes<D, POS, T>(p.qo_len, p.kv_len, p.num_qo_heads,
-                                                              p.num_kv_heads, dev.sm_count);
+    return prefill::single_prefill_workspace_bytes<D, POS, Variant, Params>(
+        p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   } else {
-    return prefill::batch_prefill_workspace_bytes<D, POS, T>(total_q, kv_rows, batch,
-                                                             p.num_qo_heads, p.num_kv_heads,
-                                                             dev.sm_count);
+    return prefill::batch_prefill_workspace_bytes<D, POS, Variant, Params>(
+        total_q, kv_rows, batch, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   }
 }
 
@@ -75,7 +74,7 @@ static void run_test(const Spec& s) {
   const bool graph = !s.qo2.empty();
   const int64_t total_q = pr.q_cap;
   const int64_t kv_rows = pr.kv_rows();
-  const int64_t bytes = ws_bytes<K, D, POS, T>(pr.p, total_q, kv_rows, pr.B, dev);
+  const int64_t bytes = ws_bytes<K, D, POS, Variant>(pr.p, total_q, kv_rows, pr.B, dev);
   DevBuf<uint8_t> ws(size_t(std::max<int64_t>(bytes, 16)));
   CK(cudaMemset(ws.p, 0xAB, ws.n));
   cudaStream_t st;
@@ -306,7 +305,7 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
     P.kv_stride_h = D;
     kv_rows = int64_t(pages) * PAGE;
   }
-  const int64_t bytes = ws_bytes<K, D, POS, T>(P, L.total_q, kv_rows, B, dev);
+  const int64_t bytes = ws_bytes<K, D, POS, Variant>(P, L.total_q, kv_rows, B, dev);
   DevBuf<uint8_t> ws(size_t(std::max<int64_t>(bytes, 16)));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));

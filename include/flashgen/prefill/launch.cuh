@@ -2,13 +2,13 @@
  * @brief Host side of the prefill kernels: workspace sizing and launches (the lead's C entry
  * points call these). All sizes derive from shapes the host knows; nothing reads device memory.
  *
- *   template <int HEAD_DIM, int POS, typename DType>
+ *   template <int HEAD_DIM, int POS, typename Variant, typename Params>
  *   int64_t single_prefill_workspace_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count)
  *   template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
  *   int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const DeviceInfo& dev,
  *                             cudaStream_t stream)
  *
- *   template <int HEAD_DIM, int POS, typename DType>
+ *   template <int HEAD_DIM, int POS, typename Variant, typename Params>
  *   int64_t batch_prefill_workspace_bytes(total_q, kv_rows, batch_size, num_qo_heads,
  *                                         num_kv_heads, sm_count)
  *       total_q = q.shape[0]; kv_rows = k.shape[0] (ragged) or kv_indices.shape[0] * PAGE_SIZE
@@ -114,30 +114,21 @@ inline WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batc
   return w;
 }
 
-// The workspace queries take no variant, so they do not know which CTAs-an-SM count the
-// launch's kernel has (PrefillTraitsFor): they return the larger plan of the two.
-template <int HEAD_DIM>
-using LeanTraits = PrefillTraits<HEAD_DIM, PrefillConfig<HEAD_DIM>::kMinCtasLean>;
-
-template <int HEAD_DIM, int POS, typename DType>
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
 inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len,
                                               int64_t num_qo_heads, int64_t num_kv_heads,
                                               int64_t sm_count) {
-  return std::max(
-      plan_single<PrefillTraits<HEAD_DIM>, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads,
-                                                sm_count).ws.total,
-      plan_single<LeanTraits<HEAD_DIM>, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count)
-          .ws.total);
+  using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
+  return plan_single<Traits, POS>(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count).ws.total;
 }
 
-template <int HEAD_DIM, int POS, typename DType>
+template <int HEAD_DIM, int POS, typename Variant, typename Params>
 inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, int64_t batch,
                                              int64_t num_qo_heads, int64_t num_kv_heads,
                                              int64_t sm_count) {
-  return std::max(plan_batch<PrefillTraits<HEAD_DIM>, POS>(total_q, kv_rows, batch, num_qo_heads,
-                                                            num_kv_heads, sm_count).total,
-                  plan_batch<LeanTraits<HEAD_DIM>, POS>(total_q, kv_rows, batch, num_qo_heads,
-                                                         num_kv_heads, sm_count).total);
+  using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
+  return plan_batch<Traits, POS>(total_q, kv_rows, batch, num_qo_heads, num_kv_heads, sm_count)
+      .total;
 }
 
 inline int check_heads(const char* what, int64_t num_qo_heads, int64_t num_kv_heads) {

@@ -115,8 +115,8 @@ struct PrefillTraits {
 /**
  * The traits of one kernel: kMinCtasLean CTAs an SM for the lean kernels (a softmax variant
  * without MaskBounds, over dense K/V), kMinCtas for the others, whose extra state did not fit
- * the lean count's registers. The kernel and its launch name this alias; the workspace queries
- * (launch.cuh), which do not take the variant, size for the larger plan of the two.
+ * the lean count's registers. The kernel, its launch and the workspace query (launch.cuh) name
+ * this one alias, so they agree on the plan.
  */
 template <typename Params, typename = void>
 struct has_page_table : std::false_type {};
