@@ -302,12 +302,7 @@ impl<'m> Builder<'m> {
 
     /// The compile step of `p` (into `object`) and its link step (into `output`).
     pub fn commands(&self, p: &Prepared, object: &Path, output: &Path) -> [NvccCommand; 2] {
-        let inputs = CompileInputs {
-            cwd: &p.gen_root,
-            header_dir: Path::new(&p.inst.uri),
-            search_dirs: &self.search_dirs,
-            source: &p.source,
-        };
+        let inputs = self.compile_inputs(p);
         [
             NvccCommand::compile(&self.toolchain, &p.flags, &inputs, object, &self.launcher),
             // The link runs beside the object, in the compile's private folder (or where the
@@ -320,6 +315,34 @@ impl<'m> Builder<'m> {
                 object.parent().unwrap_or(Path::new(".")),
             ),
         ]
+    }
+
+    /// What a build of `p` runs to make `output`: the two steps of [`Self::commands`] (the
+    /// object beside `output`) when a launcher must see the compile, else the one nvcc call
+    /// that gives the same bytes, run in `output`'s folder.
+    fn build_steps(&self, p: &Prepared, output: &Path) -> Vec<NvccCommand> {
+        let dir = output.parent().unwrap_or(Path::new("."));
+        if self.launcher.is_none() {
+            let inputs = self.compile_inputs(p);
+            vec![NvccCommand::compile_and_link(
+                &self.toolchain,
+                &p.flags,
+                &inputs,
+                output,
+                dir,
+            )]
+        } else {
+            self.commands(p, &dir.join(OBJECT_NAME), output).into()
+        }
+    }
+
+    fn compile_inputs<'p>(&'p self, p: &'p Prepared) -> CompileInputs<'p> {
+        CompileInputs {
+            cwd: &p.gen_root,
+            header_dir: Path::new(&p.inst.uri),
+            search_dirs: &self.search_dirs,
+            source: &p.source,
+        }
     }
 
     /// Makes every selected instance present and verified in the cache, compiling the misses
@@ -617,16 +640,16 @@ impl<'m> Builder<'m> {
         // A failure drops the folder (removing whatever the failed step left there); a success
         // gives it back for the next compile.
         let dir = scratch.take().map_err(early)?;
-        let object = dir.path().join("instance.o");
+        let object = dir.path().join(OBJECT_NAME);
         let tmp = dir.path().join("instance.so");
-        let [compile, link] = self.commands(p, &object, &tmp);
+        let steps = self.build_steps(p, &tmp);
         let mut took = Duration::ZERO;
-        for step in [&compile, &link] {
+        for step in &steps {
             took += step.run(dir.path(), guard).map_err(|(status, stderr)| {
                 fail(FailureKind::Compile, step.shell_line(), status, stderr)
             })?;
         }
-        let cmd = &link;
+        let (compile, cmd) = (&steps[0], &steps[steps.len() - 1]);
         // The key names the bytes hashed before the compile; an edit since (a file saved while
         // the build ran) may be what nvcc read, so such an object is not stored under that key.
         let changed = self
@@ -646,12 +669,14 @@ impl<'m> Builder<'m> {
         }
         // Emptied, not removed (see `Scratch`): a later compile in this folder that claims
         // success without writing its object then fails to link instead of linking this one.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(&object)
-            .with_context(|| format!("cannot empty {}", object.display()))
-            .map_err(|e| store(cmd, e))?;
+        if steps.len() == 2 {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&object)
+                .with_context(|| format!("cannot empty {}", object.display()))
+                .map_err(|e| store(cmd, e))?;
+        }
         let bytes = std::fs::read(&tmp)
             .with_context(|| format!("cannot read nvcc's output {}", tmp.display()))
             .map_err(|e| store(cmd, e))?;
@@ -726,6 +751,9 @@ impl<'m> Builder<'m> {
         }
     }
 }
+
+/// The compile step's output in a scratch folder, when the build takes two steps.
+const OBJECT_NAME: &str = "instance.o";
 
 /// Private folders under `<cache>/tmp` (`nvcc-job.*/`) for the compiles of one
 /// [`Builder::ensure_cached`]: nvcc's `TMPDIR`, the object and the `.so` until it is stored. One

@@ -1,14 +1,17 @@
 //! The nvcc steps of one instance: their command lines, and running them.
 //!
-//! Each instance is built in two steps, a compile (`nvcc -c ... x.cu -o x.o`) and a link
-//! (`nvcc -shared <the same flags> x.o -o x.so`). The `.so` is byte-identical to a one-step
-//! `nvcc -shared ... x.cu -o x.so` as long as the link sees every output flag too (`-gencode`,
-//! `-Xfatbin`, `-O2`, ...: nvcc's device link embeds them); only `-I`, the source and `-c` are
-//! compile-only. The split is what lets a compiler cache (sccache) cache the compile: it caches
-//! `-c` steps only. A launcher (`--launcher`, `FLASHGEN_NVCC_LAUNCHER`) goes in front of the
-//! compile alone; the link is cheap, and always runs here.
+//! An instance built through a launcher (`--launcher`, `FLASHGEN_NVCC_LAUNCHER`) takes two steps,
+//! a compile (`nvcc -c ... x.cu -o x.o`) and a link (`nvcc -shared <the same flags> x.o -o
+//! x.so`). The `.so` is byte-identical to a one-step `nvcc -shared ... x.cu -o x.so` as long as
+//! the link sees every output flag too (`-gencode`, `-Xfatbin`, `-O2`, ...: nvcc's device link
+//! embeds them); only `-I`, the source and `-c` are compile-only. The split is what lets a
+//! compiler cache (sccache) cache the compile: it caches `-c` steps only. The launcher goes in
+//! front of the compile alone; the link is cheap, and always runs here. Without a launcher the
+//! build runs the one-step command ([`NvccCommand::compile_and_link`]): the same bytes, one nvcc
+//! instead of two. `generate` always writes the two steps (`compile_commands.json` lists the
+//! compile, `build.ninja` has both), so an outside executor can put a launcher in front.
 //!
-//! The link runs nvcc through a fixed relative layout: in its working folder a symlink
+//! The link (and the one-step build) runs nvcc through a fixed relative layout: in its working folder a symlink
 //! [`TOOLCHAIN_LINK`] points at the toolchain's root, and nvcc is started as
 //! `.cuda/bin/nvcc ... -L.cuda/lib`. nvcc takes its own folder from how it was started, and its
 //! device link (nvlink) records the library search path in the fatbin, so started by an absolute
@@ -293,6 +296,46 @@ impl NvccCommand {
         output: &Path,
         cwd: &Path,
     ) -> Self {
+        Self::shared_object(tc, flags, vec![object.display().to_string()], output, cwd)
+    }
+
+    /// Compile and link in one `nvcc -shared` call from the source, run in `cwd` like the link
+    /// (which gives the two steps' bytes: `tests/scale_out.rs`). For a build without a
+    /// launcher, where nothing needs to see the compile alone: the split would cost a second
+    /// nvcc and an object written and read again per instance. The generated header's folder is
+    /// named by its absolute path here (`cwd` is the link's private folder, not `inputs.cwd`);
+    /// no compiler cache keys on this command, and the bytes do not depend on that path
+    /// (`so_bytes_do_not_depend_on_where_the_sources_are`).
+    pub fn compile_and_link(
+        tc: &Toolchain,
+        flags: &[String],
+        inputs: &CompileInputs,
+        output: &Path,
+        cwd: &Path,
+    ) -> Self {
+        let mut sources = vec![format!(
+            "-I{}",
+            inputs.cwd.join(inputs.header_dir).display()
+        )];
+        sources.extend(
+            inputs
+                .search_dirs
+                .iter()
+                .map(|d| format!("-I{}", d.display())),
+        );
+        sources.push(inputs.source.display().to_string());
+        Self::shared_object(tc, flags, sources, output, cwd)
+    }
+
+    /// `nvcc -shared` with every flag, then `inputs`, the toolchain's library folders and
+    /// `-o output`, run in `cwd` through [`TOOLCHAIN_LINK`] where the toolchain's root is known.
+    fn shared_object(
+        tc: &Toolchain,
+        flags: &[String],
+        inputs: Vec<String>,
+        output: &Path,
+        cwd: &Path,
+    ) -> Self {
         let mut args: Vec<String> = ccbin(tc);
         args.extend(flags.iter().cloned());
         let (program, toolchain_root) = match tc.relative_layout() {
@@ -306,7 +349,7 @@ impl NvccCommand {
                 (tc.nvcc.clone(), None)
             }
         };
-        args.push(object.display().to_string());
+        args.extend(inputs);
         args.push("-o".into());
         args.push(output.display().to_string());
         NvccCommand {
@@ -318,7 +361,10 @@ impl NvccCommand {
         }
     }
 
-    /// The command as one shell line, `cd`-ing to its folder first when it has one.
+    /// The command as one shell line, `cd`-ing to its folder first when it has one. A command
+    /// run through [`TOOLCHAIN_LINK`] also makes its folder and the symlink: it runs in a private
+    /// folder of the build, which a failure removes, so the line must set it up to reproduce
+    /// the step.
     pub fn shell_line(&self) -> String {
         let line = self
             .words()
@@ -333,7 +379,14 @@ impl NvccCommand {
             None => line,
         };
         match &self.cwd {
-            Some(d) => format!("cd {} && {line}", shell_quote(&d.display().to_string())),
+            Some(d) => {
+                let d = shell_quote(&d.display().to_string());
+                if self.toolchain_root.is_some() {
+                    format!("mkdir -p {d} && cd {d} && {line}")
+                } else {
+                    format!("cd {d} && {line}")
+                }
+            }
             None => line,
         }
     }

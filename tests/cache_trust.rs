@@ -45,8 +45,9 @@ fn nvcc_wrapper(t: &Tree, extra: &str) -> PathBuf {
     std::fs::create_dir_all(t.path("wrap/bin")).unwrap();
     std::os::unix::fs::symlink(root.join("lib"), t.path("wrap/lib")).unwrap();
     let script = format!(
-        // Logs (and delays) compile steps only: one per instance, the link is not counted.
-        "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$$\" >> '{log}'; {extra} ;; esac\nexec '{real}' \"$@\"\n",
+        // Logs (and delays) the call that compiles the source, one per instance: the one-step
+        // build, or the compile step of two (a link names no `.cu`).
+        "#!/bin/sh\ncase \" $* \" in *\".cu \"*) echo \"$$\" >> '{log}'; {extra} ;; esac\nexec '{real}' \"$@\"\n",
         log = t.path("nvcc.log").display(),
         real = real.display()
     );

@@ -40,11 +40,33 @@ fn uri(terms: &[&str]) -> String {
 fn two_steps_give_the_bytes_of_the_one_step_build() {
     let _shared = shared();
     let t = Tree::new("toy");
-    let b = build_json(&t, "out", &wheres(&ONE));
+    // Two steps (a launcher in front of the compile: `env`, which only runs it) and, with a
+    // cache of its own, the build's one nvcc call when there is no launcher.
+    let mut split_args = vec!["--launcher".to_string(), "env".to_string()];
+    split_args.extend(wheres(&ONE));
+    let b = build_json(&t, "out", &split_args);
     let split = std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap();
+    let o = t
+        .cmd()
+        .env("FLASHGEN_CACHE_DIR", t.path("cache-one-step"))
+        .args(["build", "--out", "one-step", "--json"])
+        .args(wheres(&ONE))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let one_step = json(&o);
+    assert_eq!(one_step["built"], 1, "{one_step}");
+    assert_eq!(
+        one_step["instances"][0]["fingerprint"],
+        b["instances"][0]["fingerprint"]
+    );
+    assert!(
+        std::fs::read(one_step["instances"][0]["path"].as_str().unwrap()).unwrap() == split,
+        "the one-step build differs from compile + link"
+    );
 
-    // The command flashgen ran before the split, with the same flags, in one nvcc call, through
-    // the link step's relative layout (`.cuda` -> the toolchain's root).
+    // The one-step command written out by hand, with the same flags, through the link step's
+    // relative layout (`.cuda` -> the toolchain's root).
     let o = t
         .cmd()
         .args(["generate", "--out", "gen"])
@@ -206,29 +228,50 @@ fn a_failing_compile_prints_the_step_alone() {
         "include/toy/variants/scaled.cuh",
         "#error broken on purpose\n",
     );
-    let o = t
-        .cmd()
-        .args(["build", "--out", "out"])
-        .args(wheres(&ONE))
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = stderr(&o);
-    let line = err
-        .lines()
-        .skip_while(|l| !l.starts_with("command (reproduces"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("{err}"))
-        .trim();
-    assert!(line.starts_with("cd ") && line.contains(" -c "), "{line}");
-    assert!(!line.contains("-shared"), "{line}");
-    // Pasted into a shell, it fails the same way.
-    let again = std::process::Command::new("sh")
-        .args(["-c", line])
-        .output()
-        .unwrap();
-    assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("broken on purpose"));
+    // Without a launcher the build is one nvcc call; with one, the compile step fails alone.
+    for launcher in [&[][..], &["--launcher", "env"][..]] {
+        let o = t
+            .cmd()
+            .args(["build", "--out", "out"])
+            .args(launcher)
+            .args(wheres(&ONE))
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        let line = err
+            .lines()
+            .skip_while(|l| !l.starts_with("command (reproduces"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{err}"))
+            .trim();
+        if launcher.is_empty() {
+            // Run in the build's private folder, which the failure removed: the line makes it.
+            assert!(
+                line.starts_with("mkdir -p ") && line.contains(" && cd "),
+                "{line}"
+            );
+            assert!(
+                line.contains("-shared") && line.contains("toy.cu "),
+                "{line}"
+            );
+            assert!(!line.contains(" -c "), "{line}");
+        } else {
+            assert!(line.starts_with("cd ") && line.contains("env "), "{line}");
+            assert!(line.contains(" -c ") && !line.contains("-shared"), "{line}");
+        }
+        // Pasted into a shell, it fails the same way.
+        let again = std::process::Command::new("sh")
+            .args(["-c", line])
+            .current_dir("/")
+            .output()
+            .unwrap();
+        assert!(!again.status.success());
+        assert!(
+            String::from_utf8_lossy(&again.stderr).contains("broken on purpose"),
+            "{line}"
+        );
+    }
 }
 
 #[test]
