@@ -627,6 +627,9 @@ int main(int argc, char** argv) {
     bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 8192", 32, 32, {8192});
     bench<S1, bf16, 128, N, Z, DefaultAttention>("single none d128 8192", 32, 32, {8192});
     bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 1024", 32, 32, {1024});
+    bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 2048", 32, 32, {2048});
+    bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 4096", 32, 32, {4096});
+    bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 1024 gqa4", 32, 8, {1024});
     bench<S1, bf16, 128, C, Z, DefaultAttention>("single causal d128 32768", 32, 32, {32768});
     bench<RG, bf16, 128, C, Z, DefaultAttention>("ragged causal 16 x 512..4096", 32, 32, mix);
 #ifndef HOPPER_D128_BENCH_ONLY

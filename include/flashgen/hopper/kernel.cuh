@@ -75,9 +75,12 @@ struct BlockSlot {
   uint32_t ok;  // 0: no block (the CTA's work is done)
 };
 
-/** Order of a persistent CTA's blocks: 0 round-robin, 1 snake (see block_of). */
+/** Order of a persistent CTA's blocks in single prefill: 0 round-robin, 1 snake (see block_of).
+ *  Snake lets causal single prefill run persistent over few rounds (launch.cuh, grid_ctas);
+ *  non-causal 8192 measured the same either way (647.9 / 647.2 against 650.0 / 645.6 TFLOP/s,
+ *  NOTES-hopper run 10). Batch kernels keep round-robin (paged) or the dynamic order (ragged). */
 #ifndef FLASHGEN_HOPPER_BLOCK_ORDER
-#define FLASHGEN_HOPPER_BLOCK_ORDER 0
+#define FLASHGEN_HOPPER_BLOCK_ORDER 1
 #endif
 
 /** Rows in flight per thread of the page-size-1 gather (each needs its page index and source
@@ -257,8 +260,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
   // grid) or snake (odd rounds reversed, so the CTA that took the heaviest block of a round
   // takes the lightest of the next: blocks come heavy-first).
+  constexpr bool kSnake =
+      FLASHGEN_HOPPER_BLOCK_ORDER == 1 && std::is_same_v<Sched, prefill::SingleSched>;
   auto block_of = [&](uint32_t round) -> uint32_t {
-    const uint32_t c = (FLASHGEN_HOPPER_BLOCK_ORDER == 1 && (round & 1u))
+    const uint32_t c = (kSnake && (round & 1u))
                            ? gridDim.x - 1u - blockIdx.x
                            : blockIdx.x;
     return round * gridDim.x + c;
