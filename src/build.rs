@@ -493,9 +493,18 @@ impl<'m> Builder<'m> {
             .try_for_each(|b| place_verified(&b.entry, &b.path))?;
         self.write_manifest(&out_dir, &built)?;
         if report.failures.is_empty() && report.not_started.is_empty() {
-            let mut outputs: Vec<PathBuf> = built.iter().map(|b| b.path.clone()).collect();
-            outputs.push(out_dir.join("manifest.json"));
-            stamp::write(&out_dir, &stamp, &outputs)?;
+            let mut files: Vec<stamp::Stamped> = built
+                .iter()
+                .map(|b| stamp::Stamped {
+                    path: b.path.clone(),
+                    key_sha256: Some((b.key.clone(), b.entry.sha256.clone())),
+                })
+                .collect();
+            files.push(stamp::Stamped {
+                path: out_dir.join("manifest.json"),
+                key_sha256: None,
+            });
+            stamp::write(&out_dir, &stamp, &files)?;
         }
         Ok(BuildReport {
             built,
@@ -521,8 +530,8 @@ impl<'m> Builder<'m> {
     }
 
     /// The fast path: when the stamp matches and every output (and the manifest) still has the
-    /// size and mtime the stamp recorded, the report comes from the manifest the last build
-    /// wrote, and nothing is generated, hashed or looked up.
+    /// size and mtime the stamp recorded, the report comes from the stamp (each output's key
+    /// and sha256), and nothing is generated, hashed or looked up.
     fn up_to_date(
         &self,
         out_dir: &Path,
@@ -531,29 +540,26 @@ impl<'m> Builder<'m> {
         opts: &BuildOptions,
         start: Instant,
     ) -> Option<BuildReport<'m>> {
-        if !stamp::matches(out_dir, stamp) || !out_dir.join(BUILD_MARKER).is_file() {
+        if !out_dir.join(BUILD_MARKER).is_file() {
             return None;
         }
-        let text = std::fs::read_to_string(out_dir.join("manifest.json")).ok()?;
-        let manifest: Manifest = serde_json::from_str(&text).ok()?;
-        let rows = &manifest.instances;
-        if rows.len() != selected.len() {
+        let recorded = stamp::matches(out_dir, stamp)?;
+        if recorded.len() != selected.len() {
             return None;
         }
         let built: Option<Vec<Built>> = selected
-            .par_iter()
-            .zip(rows)
-            .map(|(inst, row)| {
-                let path = out_dir.join(&row.path);
-                let size = std::fs::metadata(&path).ok()?.len();
-                (row.instance.uri == inst.uri).then_some(())?;
+            .iter()
+            .zip(recorded)
+            .map(|(inst, r)| {
+                (r.name.strip_suffix(".so") == Some(inst.uri.as_str())).then_some(())?;
+                let path = out_dir.join(&r.name);
                 Some(Built {
                     inst,
-                    key: row.fingerprint.clone(),
+                    key: r.key,
                     entry: Entry {
                         uri: inst.uri.clone(),
-                        sha256: row.sha256.clone(),
-                        size,
+                        sha256: r.sha256,
+                        size: r.size,
                         mtime_ns: 0,
                         path: path.clone(),
                     },

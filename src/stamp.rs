@@ -10,7 +10,9 @@
 //!
 //! The stamp also lists the size and mtime (ns) of every output and of `manifest.json`, so an
 //! output edited, truncated or replaced by hand sends the next build down the slow path, which
-//! puts the cache's bytes back. One stat per output keeps the no-op fast.
+//! puts the cache's bytes back. Each output's line also carries its cache key and sha256, so
+//! the no-op's report comes from the stamp alone: one stat per output and no manifest to parse
+//! (which was a third of a 10,000-instance no-op).
 
 use std::path::{Path, PathBuf};
 
@@ -37,7 +39,7 @@ pub fn compute(
     toolchain: &[&str],
 ) -> String {
     let mut h = Sha256::new();
-    h.update(concat!("flashgen-stamp-v2 ", env!("CARGO_PKG_VERSION")));
+    h.update(concat!("flashgen-stamp-v3 ", env!("CARGO_PKG_VERSION")));
     h.update(matrix.config_text.as_bytes());
     for f in flags
         .iter()
@@ -85,36 +87,75 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Writes the stamp for `out_dir`: the hash line, then `size mtime_ns name` for each output.
-pub fn write(out_dir: &Path, stamp: &str, outputs: &[PathBuf]) -> Result<()> {
+/// One file the stamp vouches for: an output (with the key and sha256 of the cache entry it is
+/// a copy of) or `manifest.json` (without).
+pub struct Stamped {
+    pub path: PathBuf,
+    pub key_sha256: Option<(String, String)>,
+}
+
+/// An output as the stamp recorded it, for the no-op's report.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub name: String,
+    pub size: u64,
+    pub key: String,
+    pub sha256: String,
+}
+
+/// Writes the stamp for `out_dir`: the hash line, then `size mtime_ns key sha256 name` for
+/// each file (`-` for the key and sha256 of the manifest).
+pub fn write(out_dir: &Path, stamp: &str, files: &[Stamped]) -> Result<()> {
     let mut text = format!("{stamp}\n");
-    for o in outputs {
-        let m =
-            std::fs::symlink_metadata(o).with_context(|| format!("cannot stat {}", o.display()))?;
-        let name = o.file_name().unwrap_or_default().to_string_lossy();
-        text.push_str(&format!("{} {} {name}\n", m.len(), mtime_ns(&m)));
+    for f in files {
+        let m = std::fs::symlink_metadata(&f.path)
+            .with_context(|| format!("cannot stat {}", f.path.display()))?;
+        let name = f.path.file_name().unwrap_or_default().to_string_lossy();
+        let (key, sha) = match &f.key_sha256 {
+            Some((k, s)) => (k.as_str(), s.as_str()),
+            None => ("-", "-"),
+        };
+        text.push_str(&format!(
+            "{} {} {key} {sha} {name}\n",
+            m.len(),
+            mtime_ns(&m)
+        ));
     }
     crate::fsutil::write_atomic(&path(out_dir), text.as_bytes())
 }
 
-/// The stamp on `out_dir` is `stamp` and every output it lists is still a regular file with
-/// the recorded size and mtime.
-pub fn matches(out_dir: &Path, stamp: &str) -> bool {
-    let Ok(text) = std::fs::read_to_string(path(out_dir)) else {
-        return false;
-    };
+/// When the stamp on `out_dir` is `stamp` and every file it lists is still a regular file with
+/// the recorded size and mtime: the outputs it lists (not the manifest), in the order written.
+pub fn matches(out_dir: &Path, stamp: &str) -> Option<Vec<Recorded>> {
+    let text = std::fs::read_to_string(path(out_dir)).ok()?;
     let mut lines = text.lines();
     if lines.next() != Some(stamp) {
-        return false;
+        return None;
     }
-    lines.all(|line| {
-        let mut parts = line.splitn(3, ' ');
-        let (Some(size), Some(mtime), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return false;
+    let mut outputs = Vec::new();
+    for line in lines {
+        let mut parts = line.splitn(5, ' ');
+        let (Some(size), Some(mtime), Some(key), Some(sha256), Some(name)) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return None;
         };
-        std::fs::symlink_metadata(out_dir.join(name)).is_ok_and(|m| {
-            m.is_file() && size == m.len().to_string() && mtime == mtime_ns(&m).to_string()
-        })
-    })
+        let m = std::fs::symlink_metadata(out_dir.join(name)).ok()?;
+        if !(m.is_file() && size == m.len().to_string() && mtime == mtime_ns(&m).to_string()) {
+            return None;
+        }
+        if key != "-" {
+            outputs.push(Recorded {
+                name: name.to_string(),
+                size: m.len(),
+                key: key.to_string(),
+                sha256: sha256.to_string(),
+            });
+        }
+    }
+    Some(outputs)
 }
