@@ -251,6 +251,18 @@ pub struct CompileInputs<'a> {
     pub source: &'a Path,
 }
 
+impl CompileInputs<'_> {
+    /// `-I<header_dir>` (the generated header's folder, as the caller names it), the project's
+    /// include folders, then the source.
+    fn args(&self, header_dir: &Path) -> Vec<String> {
+        std::iter::once(header_dir)
+            .chain(self.search_dirs.iter().map(PathBuf::as_path))
+            .map(|d| format!("-I{}", d.display()))
+            .chain(std::iter::once(self.source.display().to_string()))
+            .collect()
+    }
+}
+
 impl NvccCommand {
     /// `nvcc -c`: every flag but the [`link_only`] ones, the includes (the generated header's
     /// folder first, relative to `inputs.cwd`), the source, and `object` as the output.
@@ -264,14 +276,7 @@ impl NvccCommand {
         let mut args: Vec<String> = ccbin(tc);
         args.push("-c".into());
         args.extend(flags.iter().filter(|f| !link_only(f)).cloned());
-        args.push(format!("-I{}", inputs.header_dir.display()));
-        args.extend(
-            inputs
-                .search_dirs
-                .iter()
-                .map(|d| format!("-I{}", d.display())),
-        );
-        args.push(inputs.source.display().to_string());
+        args.extend(inputs.args(inputs.header_dir));
         args.push("-o".into());
         args.push(object.display().to_string());
         NvccCommand {
@@ -313,17 +318,7 @@ impl NvccCommand {
         output: &Path,
         cwd: &Path,
     ) -> Self {
-        let mut sources = vec![format!(
-            "-I{}",
-            inputs.cwd.join(inputs.header_dir).display()
-        )];
-        sources.extend(
-            inputs
-                .search_dirs
-                .iter()
-                .map(|d| format!("-I{}", d.display())),
-        );
-        sources.push(inputs.source.display().to_string());
+        let sources = inputs.args(&inputs.cwd.join(inputs.header_dir));
         Self::shared_object(tc, flags, sources, output, cwd)
     }
 
