@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -390,6 +391,14 @@ void bench(const DeviceInfo& dev, int reps) {
         {"J ring128 w4 c4g1", mk(T128(), 4, 1)},
         {"K ring128 w4 c2g1", mk(T128(), 2, 1)},
         {"M ring192 w12 auto", mk(T192w12(), 0, 0)},
+        // Past 64 CTAs: a plain read of these bytes reaches ~2.95 TB/s on 64 CTAs and ~3.44 on
+        // 128 (benches/read_ceiling.cu), and clusters of 8 with a 128 KB ring fit 15 at a time;
+        // these 96-128 CTA plans measured 1-3 us slower than A at 32768 (NOTES-hopper run 11).
+        {"N ring128 w4 c4g3", mk(T128(), 4, 3)},
+        {"O ring128 w4 c2g8", mk(T128(), 2, 8)},
+        {"P ring128 w4 c2g7", mk(T128(), 2, 7)},
+        {"Q ring128 w4 c1g16", mk(T128(), 1, 16)},
+        {"R ring192 w4 c2g8", mk(T192(), 2, 8)},
     };
     std::vector<std::vector<float>> times(cfgs.size() + 2);
     auto call = [&](int i) {
@@ -444,13 +453,123 @@ void bench(const DeviceInfo& dev, int reps) {
   }
 }
 
+#ifdef FLASHGEN_HDECODE_TRACE
+// ---------------------------------------------------------------- trace (build with -DFLASHGEN_HDECODE_TRACE)
+// Where a call's time goes inside the sm90 kernel: per CTA, the clock64 marks of decode.cuh
+// converted to ns by that CTA's own clock rate (clock64 over globaltimer between entry and
+// exit), the mean and the max over the CTAs of each run, median over runs; plus the spread of
+// the CTAs' entries and exits and the kernel's span (first entry to last exit, globaltimer).
+void trace(const DeviceInfo& dev, int reps) {
+  constexpr int D = 128;
+  using V = DefaultAttention<P>;
+  using Tr = hopper::DecodeTraits90<D>;
+  const int hq = 32, hkv = 8;
+  void* flush;
+  CK(cudaMalloc(&flush, 256 << 20));
+  static const char* names[12] = {"entry", "barriers initialised", "producer: stage 0 issued",
+                                  "producer: last stage issued", "warp 0: query loaded",
+                                  "warp 0: stage 0 landed", "warp 0: kv loop done",
+                                  "partial computed", "cluster barrier 1 passed",
+                                  "cluster merge written", "warps combined", "exit"};
+  for (int kv_len : {1024, 8192, 32768}) {
+    bf16 *q, *k, *v, *o;
+    float* ws;
+    const int64_t ws_bytes = 64 << 20;
+    CK(cudaMalloc(&q, hq * D * 2));
+    CK(cudaMalloc(&o, hq * D * 2));
+    CK(cudaMalloc(&k, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&v, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&ws, ws_bytes));
+    CK(cudaMemset(k, 0, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMemset(v, 0, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMemset(q, 0, hq * D * 2));
+    P p{};
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.o = o;
+    p.q_stride_h = D;
+    p.k_stride_h = p.v_stride_h = D;
+    p.k_stride_n = p.v_stride_n = hkv * D;
+    p.o_stride_h = D;
+    p.num_qo_heads = hq;
+    p.num_kv_heads = hkv;
+    p.kv_len = kv_len;
+    p.sm_scale = 1.f / std::sqrt(float(D));
+    const auto plan = hopper::plan_single_decode90<Tr>(hq, hkv, kv_len, dev);
+    const int ctas = int(plan.splits * hkv * plan.head_slices);
+    std::vector<long long> h(size_t(ctas) * 14);
+    std::vector<std::vector<double>> mean(12), mx(12);
+    std::vector<double> span, entry_skew, exit_skew, ghz;
+    for (int r = 0; r < reps + 3; ++r) {
+      CK(cudaMemsetAsync(flush, 0, 256 << 20));
+      ST((hopper::launch_single_decode_planned<D, V, P, Tr>(p, plan, ws, ws_bytes, dev, 0)));
+      CK(cudaDeviceSynchronize());
+      if (r < 3) continue;
+      CK(cudaMemcpyFromSymbol(h.data(), hopper::hdecode_trace, h.size() * 8));
+      long long g_in0 = LLONG_MAX, g_in1 = 0, g_out0 = LLONG_MAX, g_out1 = 0;
+      std::vector<double> sum(12, 0.0), top(12, 0.0);
+      double rate_sum = 0;
+      for (int c = 0; c < ctas; ++c) {
+        const long long* t = &h[size_t(c) * 14];
+        const double rate = double(t[11] - t[0]) / double(std::max<long long>(1, t[13] - t[12]));
+        rate_sum += rate;
+        for (int i = 1; i < 12; ++i) {
+          const double ns = double(t[i] - t[0]) / rate;
+          sum[i] += ns;
+          top[i] = std::max(top[i], ns);
+        }
+        g_in0 = std::min(g_in0, t[12]);
+        g_in1 = std::max(g_in1, t[12]);
+        g_out0 = std::min(g_out0, t[13]);
+        g_out1 = std::max(g_out1, t[13]);
+      }
+      for (int i = 1; i < 12; ++i) {
+        mean[i].push_back(sum[i] / ctas);
+        mx[i].push_back(top[i]);
+      }
+      span.push_back(double(g_out1 - g_in0));
+      entry_skew.push_back(double(g_in1 - g_in0));
+      exit_skew.push_back(double(g_out1 - g_out0));
+      ghz.push_back(rate_sum / ctas);
+    }
+    std::printf("\ntrace: single_decode sm90 bf16 32/8 heads d128 NHD kv_len %d, plan cluster %lld x "
+                "groups %lld, chunk %lld, %d CTAs; median of %d runs, L2 flushed; ns from the "
+                "CTA's entry (mean / max over CTAs)\n",
+                kv_len, (long long)plan.cluster, (long long)plan.groups, (long long)plan.chunk,
+                ctas, reps);
+    const int order[11] = {1, 2, 4, 5, 3, 6, 10, 7, 8, 9, 11};
+    for (int i : order) {
+      std::printf("  %-30s %8.0f %8.0f\n", names[i], median(std::vector<float>(mean[i].begin(), mean[i].end())),
+                  median(std::vector<float>(mx[i].begin(), mx[i].end())));
+    }
+    std::printf("  kernel span (first entry to last exit) %.0f ns; entries spread over %.0f ns, "
+                "exits over %.0f ns; SM clock %.2f GHz\n",
+                median(std::vector<float>(span.begin(), span.end())),
+                median(std::vector<float>(entry_skew.begin(), entry_skew.end())),
+                median(std::vector<float>(exit_skew.begin(), exit_skew.end())),
+                median(std::vector<float>(ghz.begin(), ghz.end())));
+    cudaFree(q);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(o);
+    cudaFree(ws);
+  }
+  cudaFree(flush);
+}
+#endif
+
 int main(int argc, char** argv) {
   bool tests = true, do_bench = true;
+  [[maybe_unused]] bool do_trace = false;
   int reps = 50;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--no-tests")) tests = false;
     if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+#ifdef FLASHGEN_HDECODE_TRACE
+    if (!std::strcmp(argv[i], "--trace")) tests = do_bench = false, do_trace = true;
+#endif
   }
   DeviceInfo dev;
   ST(current_device(&dev));
@@ -504,10 +623,15 @@ int main(int argc, char** argv) {
       run_case<128, DefaultAttention<P>>(dev, b, kDefault, false, 8, 4, kv, c13, seed++);
       run_case<128, Sigmoid<P>>(dev, b, kSigmoid, false, 8, 4, kv, c16, seed++);
       run_case<64, DefaultAttention<P>, hopper::DecodeTraits90<64, 128, 2>>(dev, b, kDefault, false, 8, 4, kv, def, seed++);
-      run_case<256, ALiBi<P>, hopper::DecodeTraits90<256, 128, 2>>(dev, b, kAlibi, false, 8, 4, kv, def, seed++);
+      // d256 with two consumer groups would need four 64 KB stages (more than an SM holds):
+      // the 192 KB ring (three stages) instead.
+      run_case<256, ALiBi<P>, hopper::DecodeTraits90<256, 192, 1>>(dev, b, kAlibi, false, 8, 4, kv, def, seed++);
     }
     std::printf("%d failures\n", g_fail);
   }
   if (do_bench) bench(dev, reps);
+#ifdef FLASHGEN_HDECODE_TRACE
+  if (do_trace) trace(dev, reps);
+#endif
   return g_fail ? 1 : 0;
 }

@@ -2,7 +2,8 @@
 # Builds the Hopper single-decode harness (sm_90a, statically linked cudart) into OUT (default
 # build/hopper_decode) with its -Xptxas -v report. Run the binary on an H100/H200:
 #   OUT/hopper_decode_harness [--no-tests] [--no-bench] [--reps N]   (exit 1 on any failure)
-# Extra nvcc flags (A/B builds) come from HOPPER_FLAGS.
+# Extra nvcc flags (A/B builds) come from HOPPER_FLAGS; HOPPER_FLAGS=-DFLASHGEN_HDECODE_TRACE builds
+# the trace mode (OUT/hopper_decode_harness --trace: where the time of one call goes, per step).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="${1:-$ROOT/build/hopper_decode}"
