@@ -469,7 +469,7 @@ void trace(const DeviceInfo& dev, int reps) {
   static const char* names[12] = {"entry", "barriers initialised", "producer: stage 0 issued",
                                   "producer: last stage issued", "warp 0: query loaded",
                                   "warp 0: stage 0 landed", "warp 0: kv loop done",
-                                  "partial computed", "cluster barrier 1 passed",
+                                  "partial computed (push: pushed)", "cluster barrier passed",
                                   "cluster merge written", "warps combined", "exit"};
   for (int kv_len : {1024, 8192, 32768}) {
     bf16 *q, *k, *v, *o;

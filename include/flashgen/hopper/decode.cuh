@@ -14,9 +14,12 @@
  *   V per stage into kStages stages (about 128 KB in flight per SM); four consumer warps take 16
  *   tokens of each stage and free it with one arrive each.
  * - the splits of a head group are the CTAs of one cluster (8 by default): each CTA combines its
- *   warps, leaves its partial (normalized output and base-2 LSE per head) in its shared memory,
- *   and after a cluster barrier every CTA merges a slice of the head group's outputs from all of
- *   its peers' shared memory and writes them. No workspace and no second kernel unless a head
+ *   warps into its partial (normalized output and base-2 LSE per head) and pushes each slice of
+ *   it, with its LSEs, into the shared memory of the CTA that finalizes that slice (st.async,
+ *   completing on that CTA's merge mbarrier); each CTA waits for its own slice's bytes, merges
+ *   and writes them. Nobody reads a peer's memory, so no cluster barrier holds a CTA at its end
+ *   (the pull-style merge with two cluster barriers it replaced cost ~0.5 us more at 1024
+ *   tokens, benches/NOTES-hopper.md run 11). No workspace and no second kernel unless a head
  *   group needs more splits than a cluster holds: then each cluster writes one partial to the
  *   workspace and the portable merge kernel (decode/merge.cuh, PDL) combines the clusters.
  *
@@ -99,10 +102,15 @@ struct DecodeTraits90 {
   static_assert(kCombineBytes <= kRingBytes, "the warp combine reuses the ring");
   static constexpr int kVariantOffset = kRingBytes;  // 256 bytes a variant may use (smem_ptr)
   static constexpr int kBarOffset = kVariantOffset + 256;
-  static constexpr int kPartOffset = kBarOffset + 2 * kStages * 8 + 64;
-  static constexpr int kPartBytes = kHeadsPerBlock * (kHeadDim + 1) * 4;
+  // The cluster merge's inbox, after the barriers (a ring slot's full and empty ones, and the
+  // merge barrier): every peer's weight per head ([16][head] floats), then the peers' pieces of
+  // the chunks this CTA finalizes ([peer][per] float4s; cluster * per <= chunks + cluster).
+  static constexpr int kInboxOffset = (kBarOffset + (2 * kStages + 1) * 8 + 15) / 16 * 16;
+  static constexpr int kInboxWeightBytes = 16 * kHeadsPerBlock * 4;
+  static constexpr int kInboxBytes =
+      kInboxWeightBytes + (kHeadsPerBlock * kHeadDim / 4 + 16) * 16;
   // + 1 KB: the dynamic window is aligned to 1024 bytes by hand (the 128-byte swizzle's period).
-  static constexpr int kSmemBytes = kPartOffset + kPartBytes + 1024;
+  static constexpr int kSmemBytes = kInboxOffset + kInboxBytes + 1024;
 };
 
 constexpr int kMaxClusterPortable = 8;
@@ -220,13 +228,6 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
   return r;
 }
 
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release.aligned;\n"
-      "barrier.cluster.wait.acquire.aligned;\n" ::
-          : "memory");
-}
-
 /** The address of `addr` (this CTA's shared window) in cluster CTA `rank`'s window. */
 __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   uint32_t r;
@@ -234,10 +235,32 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   return r;
 }
 
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-  float x;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
-  return x;
+/** Arrives on the cluster barrier without ordering memory: the kernel's one use is to say its
+ *  mbarriers are initialised, which fence.mbarrier_init.release.cluster already made visible. */
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/** Stores 16 bytes at `addr` of a peer's (or this CTA's) shared window; the bytes complete on
+ *  the mbarrier `bar` of the same CTA (both shared::cluster addresses, from map_rank). */
+__device__ __forceinline__ void st_async_v4(uint32_t addr, float4 x, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(addr),
+      "r"(__float_as_uint(x.x)), "r"(__float_as_uint(x.y)), "r"(__float_as_uint(x.z)),
+      "r"(__float_as_uint(x.w)), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void st_async_f32(uint32_t addr, float x, uint32_t bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+      "r"(__float_as_uint(x)), "r"(bar)
+      : "memory");
 }
 
 }  // namespace detail
@@ -290,18 +313,73 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t end = min(params.kv_len, begin + chunk);
   const uint32_t num_stages = (end - begin + Traits::kStageTokens - 1) / Traits::kStageTokens;
 
-  if (threadIdx.x == 0) {
+  // The cluster merge: rank r finalizes float4 chunks [r * per, (r + 1) * per) of the head
+  // slice's [head][dim] output; every peer pushes it those chunks of its partial and its weight
+  // per head (st.async), which complete on r's merge barrier.
+  constexpr int kD4 = kD / 4;
+  const uint32_t rank = detail::cluster_ctarank();
+  const uint32_t chunks = num_heads * kD4;
+  const uint32_t per = (chunks + cluster - 1) / cluster;
+  const uint32_t owned = min(per, chunks - min(chunks, rank * per));
+  const uint32_t merge_bar = empty_bar + 8 * kS;
+  const uint32_t inbox_w = ring + Traits::kInboxOffset;  // [peer][head] floats
+  const uint32_t inbox_o = inbox_w + Traits::kInboxWeightBytes;  // [peer][per] float4s
+
+  // Stage i: K and V rows [begin + i * kStageTokens, ...) of kv_head into its ring slot, once
+  // the slot's previous use is consumed (a fresh slot's wait passes at once).
+  auto issue_stage = [&](uint32_t i) {
+    const uint32_t use = i / Traits::kGroups;
+    const uint32_t slot = i % Traits::kGroups + Traits::kGroups * (use % Traits::kSlotsPerGroup);
+    mbar_wait(empty_bar + 8 * slot, ((use / Traits::kSlotsPerGroup) & 1) ^ 1);
+    const uint32_t bar = full_bar + 8 * slot;
+    mbar_arrive_expect_tx(bar, Traits::kStageBytes);
+    const int32_t row = int32_t(begin + i * Traits::kStageTokens);
+    const uint32_t k_dst = ring + slot * Traits::kStageBytes;
+    const uint32_t v_dst = k_dst + Traits::kTileBytes;
+#pragma unroll
+    for (int b = 0; b < Traits::kBoxes; ++b) {
+      tma_load_3d(k_dst + b * Traits::kBoxBytes, &maps.k, bar, b * 64,
+                  k_rows_first ? row : int32_t(kv_head), k_rows_first ? int32_t(kv_head) : row);
+      tma_load_3d(v_dst + b * Traits::kBoxBytes, &maps.v, bar, b * 64,
+                  v_rows_first ? row : int32_t(kv_head), v_rows_first ? int32_t(kv_head) : row);
+    }
+    if (i == 0) FLASHGEN_HDECODE_MARK(2);
+  };
+  // A short call is a chain of latencies (hopper_decode_harness --trace): the query and the
+  // first stages are asked for first thing, side by side. The producer thread sets up the
+  // barriers and sends the first round of stages before the block-wide barrier; the consumer
+  // warps load their query fragments (decode/query.cuh: head `group`) meanwhile. Issued after
+  // the stages, the query queued behind their bytes (1.2 us later at 1024 tokens, 2.6 us with a
+  // full 128 KB ring).
+  Variant variant(params, 0, smem + Traits::kVariantOffset);
+  const uint32_t group = lane >> 2;
+  const uint32_t pair = lane & 3;
+  uint32_t qf[Traits::kKSteps][2];
+  uint32_t qf_lo[Traits::kKSteps][2];
+  if (warp < kW) {
+    const bool valid = group < num_heads;
+    decode::load_query_split<DTypeKV>(
+        params.q + (head0 + static_cast<int64_t>(valid ? group : 0)) * params.q_stride_h, valid,
+        pair, variant, params, qf, qf_lo);
+    if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(4);
+  }
+  const uint32_t first_round = min(num_stages, uint32_t(kS));
+  if (warp == kW && lane == 0) {
+    tma_prefetch_map(&maps.k);
+    tma_prefetch_map(&maps.v);
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, 4);
     }
+    mbar_init(merge_bar, 1);
+    if (owned > 0) mbar_arrive_expect_tx(merge_bar, cluster * (owned * 16 + num_heads * 4));
     mbar_init_fence();
+    for (uint32_t i = 0; i < first_round; ++i) issue_stage(i);
   }
   __syncthreads();
+  detail::cluster_arrive_relaxed();  // the merge barriers are set up; waited on before the first push
   if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(1);
-
-  Variant variant(params, 0, smem + Traits::kVariantOffset);
 
   float m[2] = {-math::inf, -math::inf};  // running max of heads 2*pair, 2*pair+1 (base 2)
   float dsum[2] = {0.f, 0.f};
@@ -311,47 +389,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
   }
-  const uint32_t group = lane >> 2;
-  const uint32_t pair = lane & 3;
-
   if (warp == kW) {
     // Producer: one thread keeps every stage of the ring in flight.
     if (lane == 0) {
-      tma_prefetch_map(&maps.k);
-      tma_prefetch_map(&maps.v);
-      for (uint32_t i = 0; i < num_stages; ++i) {
-        const uint32_t use = i / Traits::kGroups;
-        const uint32_t slot = i % Traits::kGroups + Traits::kGroups * (use % Traits::kSlotsPerGroup);
-        mbar_wait(empty_bar + 8 * slot, ((use / Traits::kSlotsPerGroup) & 1) ^ 1);
-        const uint32_t bar = full_bar + 8 * slot;
-        mbar_arrive_expect_tx(bar, Traits::kStageBytes);
-        const int32_t row = int32_t(begin + i * Traits::kStageTokens);
-        const uint32_t k_dst = ring + slot * Traits::kStageBytes;
-        const uint32_t v_dst = k_dst + Traits::kTileBytes;
-#pragma unroll
-        for (int b = 0; b < Traits::kBoxes; ++b) {
-          tma_load_3d(k_dst + b * Traits::kBoxBytes, &maps.k, bar, b * 64,
-                      k_rows_first ? row : int32_t(kv_head), k_rows_first ? int32_t(kv_head) : row);
-          tma_load_3d(v_dst + b * Traits::kBoxBytes, &maps.v, bar, b * 64,
-                      v_rows_first ? row : int32_t(kv_head), v_rows_first ? int32_t(kv_head) : row);
-        }
-        if (i == 0) FLASHGEN_HDECODE_MARK(2);
-      }
+      for (uint32_t i = first_round; i < num_stages; ++i) issue_stage(i);
       FLASHGEN_HDECODE_MARK(3);
     }
   } else {
-    // Query fragments (decode/query.cuh): head `group`; loaded while the first stages are in
-    // flight.
-    uint32_t qf[Traits::kKSteps][2];
-    uint32_t qf_lo[Traits::kKSteps][2];
-    {
-      const bool valid = group < num_heads;
-      decode::load_query_split<DTypeKV>(
-          params.q + (head0 + static_cast<int64_t>(valid ? group : 0)) * params.q_stride_h, valid,
-          pair, variant, params, qf, qf_lo);
-    }
-    if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(4);
-
     // ldmatrix rows: K as A (rows = tokens), V as A^T via .trans; the 128-byte swizzle puts
     // 16-byte chunk c of row r at (c ^ (r & 7)), and r & 7 == lane & 7 here.
     const uint32_t mi = lane >> 3;
@@ -434,15 +478,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
   if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(10);
   // This CTA's partial: normalized output [head][dim] and its base-2 LSE (softmax) or sum of
-  // weights per head, in the region its cluster peers read. Each warp's weight in a head is
+  // weights per head, pushed to the CTAs that finalize it. Each warp's weight in a head is
   // worked out once (kW x kH values, by one thread per head), then every element is kW FMAs of
   // float4s: done per element (max, exp2s and a division for each of the head's 128 columns), this
   // step took ~1.2 us of a 7 us kernel at 1024 tokens (hopper_decode_harness --trace).
-  float* p_o = reinterpret_cast<float*>(smem + Traits::kPartOffset);
-  float* p_w = p_o + kH * kD;
   float* c_s = c_o + kW * kH * kD;  // [warp][head]: the weight of c_o in the partial
+  detail::cluster_wait();  // every peer's merge barrier is set up
+  if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(8);
   if (threadIdx.x < num_heads) {
     const uint32_t h = threadIdx.x;
+    float weight;
     if constexpr (kSoftmax) {
       float mx = -math::inf;
 #pragma unroll
@@ -458,7 +503,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const float inv = den > 0.f ? 1.f / den : 0.f;
 #pragma unroll
       for (int w = 0; w < kW; ++w) c_s[w * kH + h] = wt[w] * inv;
-      p_w[h] = den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf;
+      weight = den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf;
     } else {
       float den = 0.f;
 #pragma unroll
@@ -466,69 +511,80 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         den += c_d[w * kH + h];
         c_s[w * kH + h] = 1.f;
       }
-      p_w[h] = den;
+      weight = den;
+    }
+    for (uint32_t r = 0; r < cluster && r * per < chunks; ++r) {
+      detail::st_async_f32(detail::map_rank(inbox_w + 4 * (rank * kH + h), r), weight,
+                           detail::map_rank(merge_bar, r));
     }
   }
   __syncthreads();
-  constexpr int kD4 = kD / 4;
-  for (uint32_t idx = threadIdx.x; idx < num_heads * kD4; idx += Traits::kThreads) {
+  for (uint32_t idx = threadIdx.x; idx < chunks; idx += Traits::kThreads) {
     const uint32_t h = idx / kD4, d4 = idx % kD4;
-    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 x4 = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kW; ++w) {
       const float sc = c_s[w * kH + h];
       const float4 x = reinterpret_cast<const float4*>(c_o + (w * kH + h) * kD)[d4];
-      r.x += sc * x.x;
-      r.y += sc * x.y;
-      r.z += sc * x.z;
-      r.w += sc * x.w;
+      x4.x += sc * x.x;
+      x4.y += sc * x.y;
+      x4.z += sc * x.z;
+      x4.w += sc * x.w;
     }
-    reinterpret_cast<float4*>(p_o)[idx] = r;
+    const uint32_t owner = idx / per;
+    detail::st_async_v4(detail::map_rank(inbox_o + 16 * (rank * per + idx - owner * per), owner),
+                        x4, detail::map_rank(merge_bar, owner));
   }
-
   if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(7);
-  // Cluster merge: rank r finalizes elements r * kThreads + tid, ... of the head group.
-  detail::cluster_sync();
-  if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(8);
-  const uint32_t rank = detail::cluster_ctarank();
-  const uint32_t p_o_addr = ptx::smem_addr(p_o);
-  const uint32_t p_w_addr = ptx::smem_addr(p_w);
-  for (uint32_t idx = rank * Traits::kThreads + threadIdx.x; idx < num_heads * kD;
-       idx += cluster * Traits::kThreads) {
-    const uint32_t h = idx / kD, d = idx % kD;
+
+  // This CTA's chunks, once every peer's bytes are in: nothing of this CTA is read by a peer, so
+  // no cluster barrier holds it at the end.
+  if (threadIdx.x < owned) mbar_wait_cluster(merge_bar, 0);
+  const float* w_in = reinterpret_cast<const float*>(smem + Traits::kInboxOffset);
+  const float4* o_in =
+      reinterpret_cast<const float4*>(smem + Traits::kInboxOffset + Traits::kInboxWeightBytes);
+  for (uint32_t i = threadIdx.x; i < owned; i += Traits::kThreads) {
+    const uint32_t c = rank * per + i;
+    const uint32_t h = c / kD4, d = (c % kD4) * 4;
     float w_max = -math::inf;
-    float wsum = 0.f, num = 0.f;
     if constexpr (kSoftmax) {
-      for (uint32_t r = 0; r < cluster; ++r) {
-        w_max = fmaxf(w_max, detail::ld_cluster_f32(detail::map_rank(p_w_addr + 4 * h, r)));
-      }
+      for (uint32_t r = 0; r < cluster; ++r) w_max = fmaxf(w_max, w_in[r * kH + h]);
     }
     const float m_ref = w_max == -math::inf ? 0.f : w_max;
+    float wsum = 0.f;
+    float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
     for (uint32_t r = 0; r < cluster; ++r) {
-      const float w = detail::ld_cluster_f32(detail::map_rank(p_w_addr + 4 * h, r));
-      const float x = detail::ld_cluster_f32(detail::map_rank(p_o_addr + 4 * idx, r));
+      const float w = w_in[r * kH + h];
       const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
+      const float4 x = o_in[r * per + i];
       wsum += kSoftmax ? sc : w;
-      num += sc * x;
+      num.x += sc * x.x;
+      num.y += sc * x.y;
+      num.z += sc * x.z;
+      num.w += sc * x.w;
     }
-    const float value = kSoftmax ? (wsum > 0.f ? num / wsum : 0.f) : num;
+    const float inv = kSoftmax ? (wsum > 0.f ? 1.f / wsum : 0.f) : 1.f;
+    const float value[4] = {num.x * inv, num.y * inv, num.z * inv, num.w * inv};
     const float weight =
         kSoftmax ? (wsum > 0.f ? m_ref + math::ptx_log2(wsum) : -math::inf) : wsum;
     if (part_o != nullptr) {
       const int64_t row =
           static_cast<int64_t>(split / cluster) * params.num_qo_heads + head0 + h;
-      part_o[row * kD + d] = value;
+      *reinterpret_cast<float4*>(part_o + row * kD + d) =
+          make_float4(value[0], value[1], value[2], value[3]);
       if (d == 0) part_w[row] = weight;
     } else {
-      const float y = hooks::output_transform(variant, params, value, 0, 0, head0 + h);
-      params.o[(head0 + h) * params.o_stride_h + d] = from_float<DTypeO>(y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float y = hooks::output_transform(variant, params, value[e], 0, 0, head0 + h);
+        params.o[(head0 + h) * params.o_stride_h + d + e] = from_float<DTypeO>(y);
+      }
       if (d == 0 && params.lse != nullptr) {
         params.lse[head0 + h] = kSoftmax ? weight * math::ln2 : logf(weight);
       }
     }
   }
   if (threadIdx.x == 0) FLASHGEN_HDECODE_MARK(9);
-  detail::cluster_sync();  // peers may still read this CTA's partial
 #ifdef FLASHGEN_HDECODE_TRACE
   if (threadIdx.x == 0) {
     FLASHGEN_HDECODE_MARK(11);
