@@ -12,6 +12,9 @@
  *   its range (same bytes, other order): splits that start on 8 MB multiples and run in lockstep
  *   could crowd the same DRAM channels.
  * - stream: the same bytes as G contiguous pieces, one per CTA (the best case of a plain read).
+ * - bulk: the same bytes by the bulk copy engine (cp.async.bulk, no tensor map), one thread per
+ *   CTA keeping S copies of B bytes in flight into a shared-memory ring: what the sm90 decode's
+ *   engine can read with nothing else in the way.
  * - pages: batch decode's access to a paged cache (16-token pages of [16][8][128], shuffled page
  *   table): CTA (piece s, kv head h) reads head h's rows of a run of logical pages, 2 * U pages
  *   in flight. Run at the batch-decode goals' sizes (64 x 4096 and 128 x 8192 tokens) beside
@@ -142,6 +145,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
 }
 
+template <int STAGES, int BYTES>
+__global__ void __launch_bounds__(32, 1)
+    read_bulk(const uint8_t* __restrict__ k, const uint8_t* __restrict__ v, int64_t half,
+              int64_t per) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ __align__(8) uint64_t bars[STAGES];
+  if (threadIdx.x != 0) return;
+  const int64_t begin = min(2 * half, per * blockIdx.x), end = min(2 * half, begin + per);
+  const uint32_t ring_a = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t bar_a = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+  for (int s = 0; s < STAGES; ++s) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a + 8 * s) : "memory");
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  auto wait = [&](int slot, uint32_t parity) {
+    uint32_t ok = 0;
+    while (!ok) {
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(ok)
+          : "r"(bar_a + 8 * slot), "r"(parity)
+          : "memory");
+    }
+  };
+  const int64_t n = (end - begin + BYTES - 1) / BYTES;
+  for (int64_t i = 0; i < n; ++i) {
+    const int slot = int(i % STAGES);
+    if (i >= STAGES) wait(slot, uint32_t(i / STAGES - 1) & 1);
+    const int64_t o = begin + i * BYTES;
+    const uint32_t bytes = uint32_t(min(int64_t(BYTES), end - o));
+    const uint8_t* src = o < half ? k + o : v + (o - half);  // pieces never straddle K and V
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar_a + 8 * slot),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            ring_a + slot * BYTES),
+        "l"(src), "r"(bytes), "r"(bar_a + 8 * slot)
+        : "memory");
+  }
+  for (int64_t i = n > STAGES ? n - STAGES : 0; i < n; ++i) {
+    wait(int(i % STAGES), uint32_t(i / STAGES) & 1);
+  }
+}
+
 __global__ void empty_kernel() {}
 
 int main(int argc, char** argv) {
@@ -212,6 +261,30 @@ int main(int argc, char** argv) {
       };
       cfgs.push_back({name, run});
     };
+    auto bulk_cfg = [&](int grid, int stages, int kb) {
+      char name[96];
+      std::snprintf(name, sizeof name, "bulk %4d CTAs, %d x %d KB", grid, stages, kb);
+      const int64_t half = int64_t(rows) * kRowStrideU4 * 16;
+      const int64_t piece = int64_t(kb) * 1024;
+      const int64_t per = (2 * half / grid + piece - 1) / piece * piece;
+      auto run = [=] {
+        auto launch = [&](auto kernel, int smem) {
+          CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+          kernel<<<grid, 32, smem>>>(reinterpret_cast<const uint8_t*>(k),
+                                     reinterpret_cast<const uint8_t*>(v), half, per);
+        };
+        if (stages == 4 && kb == 32) launch(read_bulk<4, 32768>, 4 * 32768);
+        if (stages == 6 && kb == 32) launch(read_bulk<6, 32768>, 6 * 32768);
+        if (stages == 8 && kb == 16) launch(read_bulk<8, 16384>, 8 * 16384);
+        if (stages == 4 && kb == 16) launch(read_bulk<4, 16384>, 4 * 16384);
+      };
+      cfgs.push_back({name, run});
+    };
+    bulk_cfg(sms, 4, 32);
+    bulk_cfg(sms, 6, 32);
+    bulk_cfg(sms, 8, 16);
+    bulk_cfg(2 * sms, 4, 16);
+    bulk_cfg(64, 4, 32);
     if (batch) {
       stream_cfg(sms, 8);
       stream_cfg(2 * sms, 4);
