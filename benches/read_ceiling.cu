@@ -58,6 +58,28 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   return r;
 }
 
+/** One pass: U 16-byte loads of K and U of V (all issued before any is used) at offset(u), or
+ *  none where offset(u) < 0; returns them folded into one word. */
+template <int U, typename Offset>
+__device__ __forceinline__ unsigned read_pass(const uint4* __restrict__ k,
+                                              const uint4* __restrict__ v, Offset offset) {
+  uint4 a[U], b[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t off = offset(u);
+    if (off >= 0) {
+      a[u] = ldg_stream(k + off);
+      b[u] = ldg_stream(v + off);
+    } else {
+      a[u] = b[u] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) acc ^= a[u].x ^ b[u].y ^ a[u].z ^ b[u].w;
+  return acc;
+}
+
 template <int U>
 __global__ void __launch_bounds__(kThreads, 1)
     read_rows(const uint4* __restrict__ k, const uint4* __restrict__ v, int rows, int chunk,
@@ -71,20 +93,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned acc = 0;
   for (int it = 0; it < iters; ++it) {
     const int base = begin + ((it + r0) % iters) * step;
-    uint4 a[U], b[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+    acc ^= read_pass<U>(k, v, [&](int u) {
       const int row = base + u * kRowsPerPass + lr;
-      const int64_t off = int64_t(row) * kRowStrideU4 + h * kRowU4 + col;
-      if (row < end) {
-        a[u] = ldg_stream(k + off);
-        b[u] = ldg_stream(v + off);
-      } else {
-        a[u] = b[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= a[u].x ^ b[u].y ^ a[u].z ^ b[u].w;
+      return row < end ? int64_t(row) * kRowStrideU4 + h * kRowU4 + col : int64_t(-1);
+    });
   }
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;  // keeps the loads; never true for zeros
 }
@@ -97,19 +109,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t begin = min(n_u4, per * blockIdx.x), end = min(n_u4, begin + per);
   unsigned acc = 0;
   for (int64_t base = begin; base < end; base += int64_t(kThreads) * U) {
-    uint4 a[U], b[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+    acc ^= read_pass<U>(k, v, [&](int u) {
       const int64_t i = base + u * kThreads + threadIdx.x;
-      if (i < end) {
-        a[u] = ldg_stream(k + i);
-        b[u] = ldg_stream(v + i);
-      } else {
-        a[u] = b[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= a[u].x ^ b[u].y ^ a[u].z ^ b[u].w;
+      return i < end ? i : int64_t(-1);
+    });
   }
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
 }
@@ -126,21 +129,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kPagesPerPass = kRowsPerPass / kPage;  // 2
   unsigned acc = 0;
   for (int p = p_begin; p < p_end; p += kPagesPerPass * U) {
-    uint4 a[U], b[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
+    acc ^= read_pass<U>(k, v, [&](int u) {
       const int page = p + u * kPagesPerPass + lr / kPage;
-      if (page < p_end) {
-        const int64_t row = int64_t(table[page]) * kPage + lr % kPage;
-        const int64_t off = row * kRowStrideU4 + h * kRowU4 + col;
-        a[u] = ldg_stream(k + off);
-        b[u] = ldg_stream(v + off);
-      } else {
-        a[u] = b[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) acc ^= a[u].x ^ b[u].y ^ a[u].z ^ b[u].w;
+      if (page >= p_end) return int64_t(-1);
+      const int64_t row = int64_t(table[page]) * kPage + lr % kPage;
+      return row * kRowStrideU4 + h * kRowU4 + col;
+    });
   }
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
 }

@@ -309,6 +309,79 @@ int occupancy_clusters(int cluster) {
   return n;
 }
 
+/** The bench's and the trace's call: random bf16 q/k/v of hq / hkv heads at head_dim D, kv_len
+ *  tokens of NHD or HND K/V, an output and a 64 MB workspace (freed with the object). */
+template <int D>
+struct DecodeBuffers {
+  bf16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  float* ws = nullptr;
+  const int64_t ws_bytes = 64 << 20;
+  P p{};
+  DecodeBuffers(int hq, int hkv, int kv_len, bool hnd) {
+    CK(cudaMalloc(&q, hq * D * 2));
+    CK(cudaMalloc(&o, hq * D * 2));
+    CK(cudaMalloc(&k, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&v, size_t(kv_len) * hkv * D * 2));
+    CK(cudaMalloc(&ws, ws_bytes));
+    CK(cudaMemset(ws, 0, ws_bytes));
+    std::vector<bf16> h(size_t(kv_len) * hkv * D);
+    Rng rng(kv_len);
+    for (auto& x : h) x = __float2bfloat16(rng.uni());
+    CK(cudaMemcpy(k, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(q, h.data(), hq * D * 2, cudaMemcpyHostToDevice));
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.o = o;
+    p.lse = nullptr;
+    p.q_stride_h = D;
+    p.k_stride_h = p.v_stride_h = hnd ? int64_t(kv_len) * D : D;
+    p.k_stride_n = p.v_stride_n = hnd ? D : hkv * D;
+    p.o_stride_h = D;
+    p.num_qo_heads = hq;
+    p.num_kv_heads = hkv;
+    p.kv_len = kv_len;
+    p.sm_scale = 1.f / std::sqrt(float(D));
+  }
+  DecodeBuffers(const DecodeBuffers&) = delete;
+  DecodeBuffers& operator=(const DecodeBuffers&) = delete;
+  ~DecodeBuffers() {
+    cudaFree(q);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(o);
+    cudaFree(ws);
+  }
+};
+
+/** The launch floor: an empty kernel with the decode kernel's block size, 64 CTAs in clusters
+ *  of 8, with `smem` bytes of dynamic shared memory. With the decode kernel's 137 KB it took
+ *  2.85-2.98 us against 2.75-2.82 with none, but as a row of the bench it made row A read
+ *  ~0.8 us slower at 1024 tokens (same kernel, NOTES-hopper run 11), so the bench runs it with
+ *  none. */
+template <typename Tr>
+void launch_probe(int smem) {
+  static const bool allowed = [] {
+    CK(cudaFuncSetAttribute(hopper::cluster_probe_kernel90<Tr>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(64);
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 8;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&cfg, hopper::cluster_probe_kernel90<Tr>));
+}
+
 void bench(const DeviceInfo& dev, int reps) {
   constexpr int D = 128;
   using V = DefaultAttention<P>;
@@ -323,36 +396,10 @@ void bench(const DeviceInfo& dev, int reps) {
   // layout 1: HND K/V ([heads][tokens][dim]: each head's rows contiguous), the NHD rows' DRAM
   // access question (a head's 256-byte rows at a 2 KB stride in NHD)
   for (auto [kv_len, hnd] : {std::pair<int, bool>{32768, false}, {32768, true}, {1024, false}}) {
-    bf16 *q, *k, *v, *o;
-    float* ws;
-    const int64_t ws_bytes = 64 << 20;
-    CK(cudaMalloc(&q, hq * D * 2));
-    CK(cudaMalloc(&o, hq * D * 2));
-    CK(cudaMalloc(&k, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMalloc(&v, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMalloc(&ws, ws_bytes));
-    CK(cudaMemset(ws, 0, ws_bytes));
-    std::vector<bf16> h(size_t(kv_len) * hkv * D);
-    Rng rng(kv_len);
-    for (auto& x : h) x = __float2bfloat16(rng.uni());
-    CK(cudaMemcpy(k, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(v, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(q, h.data(), hq * D * 2, cudaMemcpyHostToDevice));
-    P p{};
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.o = o;
-    p.lse = nullptr;
-    p.q_stride_h = D;
-    p.k_stride_h = p.v_stride_h = D;
-    p.k_stride_n = p.v_stride_n = hnd ? D : hkv * D;
-    if (hnd) p.k_stride_h = p.v_stride_h = int64_t(kv_len) * D;
-    p.o_stride_h = D;
-    p.num_qo_heads = hq;
-    p.num_kv_heads = hkv;
-    p.kv_len = kv_len;
-    p.sm_scale = 1.f / std::sqrt(float(D));
+    DecodeBuffers<D> buf(hq, hkv, kv_len, hnd);
+    const P& p = buf.p;
+    void* ws = buf.ws;
+    const int64_t ws_bytes = buf.ws_bytes;
     const double bytes = 2.0 * hq * D * 2 + 2.0 * kv_len * hkv * D * 2;
     struct Cfg {
       const char* name;
@@ -370,33 +417,6 @@ void bench(const DeviceInfo& dev, int reps) {
           return;
         }
         ST((hopper::launch_single_decode_planned<D, V, P, Tr>(p, plan, ws, ws_bytes, dev, 0)));
-      };
-    };
-    auto probe = [&](auto traits) {
-      using Tr = decltype(traits);
-      return [](hopper::DecodePlan90* out) {
-        if (out) {
-          *out = hopper::DecodePlan90{};
-          return;
-        }
-        static bool once = [] {
-          CK(cudaFuncSetAttribute(hopper::cluster_probe_kernel90<Tr>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-          return true;
-        }();
-        (void)once;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(64);
-        cfg.blockDim = dim3(Tr::kThreads);
-        cfg.dynamicSmemBytes = Tr::kSmemBytes;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 8;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, hopper::cluster_probe_kernel90<Tr>));
       };
     };
     using T128 = hopper::DecodeTraits90<D, 128, 1>;
@@ -426,26 +446,13 @@ void bench(const DeviceInfo& dev, int reps) {
         {"P ring128 w4 c2g7", mk(T128(), 2, 7)},
         {"Q ring128 w4 c1g16", mk(T128(), 1, 16)},
         {"R ring192 w4 c2g8", mk(T192(), 2, 8)},
-        // Launch floor with the kernel's shared memory (the last row's empty kernel has none):
-        // ~0.1-0.2 us more; a 64 KB ring's (enough for 1024 tokens) measured the same.
-        {"empty, ring128's smem", probe(T128())},
     };
     std::vector<std::vector<float>> times(cfgs.size() + 2);
     auto call = [&](int i) {
       if (i == 0) {
         ST(portable_call<D, V>(p, ws, ws_bytes, dev, 0));
       } else if (i == int(cfgs.size()) + 1) {  // floor: an empty kernel, cluster launch of 8
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(64);
-        cfg.blockDim = dim3(160);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 8;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, hopper::cluster_probe_kernel90<T128>));
+        launch_probe<T128>(0);
       } else {
         cfgs[i - 1].run(nullptr);
       }
@@ -475,11 +482,6 @@ void bench(const DeviceInfo& dev, int reps) {
       }
       std::printf("  %-24s %8.2f us %6.3f TB/s  %s\n", name, us, bytes / us / 1e6, plan.c_str());
     }
-    cudaFree(q);
-    cudaFree(k);
-    cudaFree(v);
-    cudaFree(o);
-    cudaFree(ws);
   }
 }
 
@@ -502,30 +504,10 @@ void trace(const DeviceInfo& dev, int reps) {
                                   "partial computed (push: pushed)", "cluster barrier passed",
                                   "cluster merge written", "warps combined", "exit"};
   for (int kv_len : {1024, 8192, 32768}) {
-    bf16 *q, *k, *v, *o;
-    float* ws;
-    const int64_t ws_bytes = 64 << 20;
-    CK(cudaMalloc(&q, hq * D * 2));
-    CK(cudaMalloc(&o, hq * D * 2));
-    CK(cudaMalloc(&k, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMalloc(&v, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMalloc(&ws, ws_bytes));
-    CK(cudaMemset(k, 0, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMemset(v, 0, size_t(kv_len) * hkv * D * 2));
-    CK(cudaMemset(q, 0, hq * D * 2));
-    P p{};
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.o = o;
-    p.q_stride_h = D;
-    p.k_stride_h = p.v_stride_h = D;
-    p.k_stride_n = p.v_stride_n = hkv * D;
-    p.o_stride_h = D;
-    p.num_qo_heads = hq;
-    p.num_kv_heads = hkv;
-    p.kv_len = kv_len;
-    p.sm_scale = 1.f / std::sqrt(float(D));
+    DecodeBuffers<D> buf(hq, hkv, kv_len, false);
+    const P& p = buf.p;
+    void* ws = buf.ws;
+    const int64_t ws_bytes = buf.ws_bytes;
     const auto plan = hopper::plan_single_decode90<Tr>(hq, hkv, kv_len, dev);
     const int ctas = int(plan.splits * hkv * plan.head_slices);
     std::vector<long long> h(size_t(ctas) * 14);
@@ -579,11 +561,6 @@ void trace(const DeviceInfo& dev, int reps) {
                 median(std::vector<float>(entry_skew.begin(), entry_skew.end())),
                 median(std::vector<float>(exit_skew.begin(), exit_skew.end())),
                 median(std::vector<float>(ghz.begin(), ghz.end())));
-    cudaFree(q);
-    cudaFree(k);
-    cudaFree(v);
-    cudaFree(o);
-    cudaFree(ws);
   }
   cudaFree(flush);
 }
