@@ -111,6 +111,9 @@ struct DecodeTraits90 {
       kInboxWeightBytes + (kHeadsPerBlock * kHeadDim / 4 + 16) * 16;
   // + 1 KB: the dynamic window is aligned to 1024 bytes by hand (the 128-byte swizzle's period).
   static constexpr int kSmemBytes = kInboxOffset + kInboxBytes + 1024;
+  // sm_90's most dynamic shared memory per block: a shape past it (say four 64 KB stages at
+  // head_dim 256) fails here rather than at its launch.
+  static_assert(kSmemBytes <= 227 * 1024, "the ring and its inbox exceed an SM's shared memory");
 };
 
 constexpr int kMaxClusterPortable = 8;
