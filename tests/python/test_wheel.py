@@ -286,3 +286,61 @@ def test_kernel_call_without_a_gpu_is_a_clear_error(fresh_venv: Path, tmp_path: 
     out = _run_in_venv(fresh_venv, tmp_path, code)
     assert "NoGPUError: no CUDA driver: libcuda.so.1 could not be loaded" in out
     assert "ValueError: single_decode: k has head_dim 96 but q has 128" in out
+
+
+def test_every_precompiled_binary_holds_its_instance_and_guards_its_abi(fresh_venv: Path,
+                                                                        tmp_path: Path) -> None:
+    """Each `.so` of the wheel, taken through the loader as a device of each of its targets would
+    take it (FLASHGEN_DEVICE_CC; no GPU needed: no kernel runs). Its query entry point reaches
+    exactly the instantiation the manifest names, and a code it was not built for is
+    NO_INSTANCE. Its kernel and workspace entry points refuse a NULL or an empty arguments
+    struct with the module's message, before they touch the driver."""
+    code = (
+        "import json, os\n"
+        "os.environ['FLASHGEN_DISABLE_JIT'] = '1'\n"
+        "from flashgen import _install, _loader\n"
+        "from flashgen._kernels import FlashgenError, args_struct\n"
+        "def text(params):\n"
+        "    fmt = lambda v: ('true' if v else 'false') if isinstance(v, bool) else str(v)\n"
+        "    return ' '.join(f'{k}={fmt(v)}' for k, v in params.items())\n"
+        "def refused(fn, *args):\n"
+        "    try:\n"
+        "        fn(*args)\n"
+        "    except FlashgenError as exc:\n"
+        "        return [exc.status, exc.message]\n"
+        "    return [0, '']\n"
+        "rows = []\n"
+        "for rec in _install.aot_manifest()['instances']:\n"
+        "    for target in rec['runs_on']:\n"
+        "        m = rec['module']\n"
+        "        os.environ['FLASHGEN_DEVICE_CC'] = '%d.%d' % tuple(target['min'])\n"
+        "        loaded = _loader.load(m, rec['params'])\n"
+        "        lib, empty = loaded.kernels, args_struct(m)()\n"
+        "        other = [96 if k == 'head_dim' else c for k, c in rec['codes'].items()]\n"
+        "        rows.append({\n"
+        "            'module': m, 'uri': rec['uri'], 'target': target['target'],\n"
+        "            'source': loaded.source, 'path': loaded.path.name, 'want': text(rec['params']),\n"
+        "            'query': lib.query(m, list(rec['codes'].values())),\n"
+        "            'other': refused(lib.query, m, other)[0],\n"
+        "            'short': [lib.entry(m + '_query')(None, 0, None, 0), lib.last_error()],\n"
+        "            'null': [lib.entry(m)(None), lib.last_error()],\n"
+        "            'empty': refused(getattr(lib, m), empty),\n"
+        "            'ws_null': [lib.entry(m + '_workspace_size')(None, None), lib.last_error()],\n"
+        "            'ws_empty': refused(lib.workspace_size, m, empty),\n"
+        "        })\n"
+        "print(json.dumps(rows))\n"
+    )
+    rows = json.loads(_run_in_venv(fresh_venv, tmp_path, code))
+    assert rows, "the wheel holds no precompiled instance"
+    invalid, no_instance = 1, 2  # FLASHGEN_INVALID_ARGUMENT, FLASHGEN_NO_INSTANCE (abi.h)
+    for r in rows:
+        m = r["module"]
+        assert r["source"] == "aot" and r["path"] == r["uri"] + ".so", r
+        assert r["query"] == r["want"], r
+        assert r["other"] == no_instance, r
+        assert r["short"][0] == invalid and r["short"][1].startswith(f"{m}_query: expected "), r
+        assert r["null"] == [invalid, f"{m}: args is NULL"], r
+        assert r["empty"][0] == invalid and r["empty"][1].startswith(f"{m}: "), r
+        assert "must not be NULL" in r["empty"][1], r
+        assert r["ws_null"] == [invalid, f"{m}_workspace_size: args or bytes is NULL"], r
+        assert r["ws_empty"][0] == invalid and r["ws_empty"][1].startswith(f"{m}: "), r
