@@ -20,8 +20,8 @@
  *   in flight. Run at the batch-decode goals' sizes (64 x 4096 and 128 x 8192 tokens) beside
  *   the stream, it is the floor under those goals (>= 4.35 and >= 4.6 TB/s).
  *
- *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -L<nvcc root>/lib -cudart=static \
- *     benches/read_ceiling.cu -o read_ceiling && ./read_ceiling [reps]
+ *   nvcc -O3 -std=c++17 -Iinclude -gencode=arch=compute_90a,code=sm_90a -L<nvcc root>/lib \
+ *     -cudart=static benches/read_ceiling.cu -o read_ceiling && ./read_ceiling [reps]
  */
 #include <cuda_runtime.h>
 
@@ -34,6 +34,13 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "flashgen/hopper/mbarrier.cuh"
+
+using flashgen::hopper::mbar_arrive_expect_tx;
+using flashgen::hopper::mbar_init;
+using flashgen::hopper::mbar_init_fence;
+using flashgen::hopper::mbar_wait;
 
 #define CK(x)                                                                          \
   do {                                                                                 \
@@ -149,31 +156,16 @@ __global__ void __launch_bounds__(32, 1)
   const int64_t begin = min(2 * half, per * blockIdx.x), end = min(2 * half, begin + per);
   const uint32_t ring_a = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t bar_a = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
-  for (int s = 0; s < STAGES; ++s) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a + 8 * s) : "memory");
-  }
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  auto wait = [&](int slot, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok) {
-      asm volatile(
-          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(ok)
-          : "r"(bar_a + 8 * slot), "r"(parity)
-          : "memory");
-    }
-  };
+  for (int s = 0; s < STAGES; ++s) mbar_init(bar_a + 8 * s, 1);
+  mbar_init_fence();
   const int64_t n = (end - begin + BYTES - 1) / BYTES;
   for (int64_t i = 0; i < n; ++i) {
     const int slot = int(i % STAGES);
-    if (i >= STAGES) wait(slot, uint32_t(i / STAGES - 1) & 1);
+    if (i >= STAGES) mbar_wait(bar_a + 8 * slot, uint32_t(i / STAGES - 1) & 1);
     const int64_t o = begin + i * BYTES;
     const uint32_t bytes = uint32_t(min(int64_t(BYTES), end - o));
     const uint8_t* src = o < half ? k + o : v + (o - half);  // pieces never straddle K and V
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar_a + 8 * slot),
-                 "r"(bytes)
-                 : "memory");
+    mbar_arrive_expect_tx(bar_a + 8 * slot, bytes);
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
             ring_a + slot * BYTES),
@@ -181,7 +173,7 @@ __global__ void __launch_bounds__(32, 1)
         : "memory");
   }
   for (int64_t i = n > STAGES ? n - STAGES : 0; i < n; ++i) {
-    wait(int(i % STAGES), uint32_t(i / STAGES) & 1);
+    mbar_wait(bar_a + 8 * int(i % STAGES), uint32_t(i / STAGES) & 1);
   }
 }
 
