@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // This CTA's chunks, once every peer's bytes are in: nothing of this CTA is read by a peer, so
   // no cluster barrier holds it at the end.
-  if (threadIdx.x < owned) mbar_wait_cluster(merge_bar, 0);
+  if (threadIdx.x < owned) mbar_wait<true>(merge_bar, 0);  // peers complete it: cluster scope
   const float* w_in = reinterpret_cast<const float*>(smem + Traits::kInboxOffset);
   const float4* o_in =
       reinterpret_cast<const float4*>(smem + Traits::kInboxOffset + Traits::kInboxWeightBytes);
