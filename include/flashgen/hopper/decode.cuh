@@ -238,6 +238,14 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   return r;
 }
 
+/** acc += s * x, element by element. */
+__device__ __forceinline__ void fma4(float4& acc, float s, const float4& x) {
+  acc.x += s * x.x;
+  acc.y += s * x.y;
+  acc.z += s * x.z;
+  acc.w += s * x.w;
+}
+
 /** Arrives on the cluster barrier without ordering memory: the kernel's one use is to say its
  *  mbarriers are initialised, which fence.mbarrier_init.release.cluster already made visible. */
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -529,10 +537,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int w = 0; w < kW; ++w) {
       const float sc = c_s[w * kH + h];
       const float4 x = reinterpret_cast<const float4*>(c_o + (w * kH + h) * kD)[d4];
-      x4.x += sc * x.x;
-      x4.y += sc * x.y;
-      x4.z += sc * x.z;
-      x4.w += sc * x.w;
+      detail::fma4(x4, sc, x);
     }
     const uint32_t owner = idx / per;
     detail::st_async_v4(detail::map_rank(inbox_o + 16 * (rank * per + idx - owner * per), owner),
@@ -561,10 +566,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
       const float4 x = o_in[r * per + i];
       wsum += kSoftmax ? sc : w;
-      num.x += sc * x.x;
-      num.y += sc * x.y;
-      num.z += sc * x.z;
-      num.w += sc * x.w;
+      detail::fma4(num, sc, x);
     }
     const float inv = kSoftmax ? (wsum > 0.f ? 1.f / wsum : 0.f) : 1.f;
     const float value[4] = {num.x * inv, num.y * inv, num.z * inv, num.w * inv};
