@@ -1073,6 +1073,34 @@ def test_strided_inputs_and_out() -> None:
                 what="padded paged cache")
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_paged_pools_of_every_stride_pattern(layout: str) -> None:
+    """The same requests from a packed pool, from one whose page slots hold more rows (NHD) or
+    heads (HND) than the view uses, and from one whose pages hold a third slot (K and V no longer
+    a page's two halves): the kernels follow the pool's strides (the Hopper kernel's tensor map
+    among them) instead of assuming the packed layout."""
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    dt, d, hq, ps = "bf16", 128, 8, 16
+    lens = [(37, 37), (5, 300), (200, 1000)]
+    cache, kv_indptr, kv_indices, last, per = make_paged([b for _, b in lens], ps, HKV, d, layout, dt, gen)
+    q = rand((sum(a for a, _ in lens), hq, d), dt, gen)
+    qo = indptr([a for a, _ in lens])
+    # Axis 2 of a page slot: its rows (NHD) or heads (HND), the one a slab merges with.
+    wider = list(cache.shape)
+    wider[2] *= 2
+    roomy = torch.full(wider, float("nan"), device=DEV, dtype=DTYPES[dt])
+    index = (slice(None), slice(None), slice(0, cache.shape[2]))
+    roomy[index] = cache
+    three = torch.full((cache.shape[0], 3, *cache.shape[2:]), float("nan"), device=DEV, dtype=DTYPES[dt])
+    three[:, :2] = cache
+    for what, pool in (("packed", cache), ("slots of 2x the rows or heads", roomy[index]),
+                       ("pages of three slots", three[:, :2])):
+        o, lse = flashgen.batch_prefill_paged(q, qo, pool, kv_indptr, kv_indices, last, causal=True,
+                                              kv_layout=layout, return_lse=True)
+        check_batch(_case(kind="paged", lens=what, layout=layout), o, lse, q, lens, per, {}, [0] * 3, [0] * 3,
+                    what=f"{layout} paged pool, {what}")
+
+
 def test_return_types_and_allocating_path() -> None:
     """Without out= the output is allocated like q; without return_lse only o comes back."""
     gen = torch.Generator(device=DEV).manual_seed(5)

@@ -135,6 +135,16 @@ __device__ __forceinline__ float exp2_fma(float x) {
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
 
+/** Paged K/V by TMA (one 5-D box per page and 64-column block) when pages tile the kv tile in
+ *  whole 1024-byte swizzle atoms (page sizes that are multiples of 8 dividing it); else (page
+ *  size 1) the producer warpgroup gathers rows with cp.async. A gather of page-16 tiles, with one
+ *  page-table load per page and lane, measured 10-15 % under TMA in the harness (NOTES-hopper
+ *  run 12). */
+template <int TILE_KV, int PAGE_SIZE>
+__host__ __device__ constexpr bool hopper_paged_tma() {
+  return PAGE_SIZE > 0 && PAGE_SIZE % 8 == 0 && TILE_KV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
+}
+
 /** Whether a kernel takes its blocks in the dynamic order (host and device: the launch sizes
  *  the grid and has the prep kernel zero the counter accordingly). Batch kernels over
  *  contiguous K/V only. Single prefill keeps the static order: zeroing the counter needs a
@@ -183,10 +193,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
   constexpr bool kPaged = PAGE_SIZE > 0;
-  // Paged by TMA (one 5-D box per page and column block) when pages tile the kv tile in whole
-  // 1024-byte swizzle atoms; else (page size 1) the producer warpgroup gathers rows.
-  constexpr bool kPagedTma =
-      kPaged && PAGE_SIZE % 8 == 0 && kTileKV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
+  constexpr bool kPagedTma = hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kGather = kPaged && !kPagedTma;
   constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();

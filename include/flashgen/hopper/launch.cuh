@@ -391,10 +391,10 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
       }
     }
   }
-  // TMA (page sizes that are multiples of 8 dividing the kv tile): maps.k is the 5-D map of
-  // the page pool (K and V by the k/v coordinate), maps.v the dense map of the rotated keys
-  // (RoPE). Other page sizes: the producer gathers rows, no maps.
-  constexpr bool kTma = PAGE_SIZE % 8 == 0 && Traits::kTileKV % PAGE_SIZE == 0;
+  // TMA (hopper_paged_tma): maps.k is the 5-D map of the page pool (K and V by the k/v
+  // coordinate), maps.v the dense map of the rotated keys (RoPE). Other page sizes: the
+  // producer gathers rows, no maps.
+  constexpr bool kTma = hopper_paged_tma<Traits::kTileKV, PAGE_SIZE>();
   KVTensorMaps maps{};
   KVMapOrder order{true};
   PagedMapOrder porder{};
