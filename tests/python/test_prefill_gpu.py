@@ -1085,7 +1085,7 @@ def test_paged_pools_of_every_stride_pattern(layout: str) -> None:
     cache, kv_indptr, kv_indices, last, per = make_paged([b for _, b in lens], ps, HKV, d, layout, dt, gen)
     q = rand((sum(a for a, _ in lens), hq, d), dt, gen)
     qo = indptr([a for a, _ in lens])
-    # Axis 2 of a page slot: its rows (NHD) or heads (HND), the one a slab merges with.
+    # Axis 2 of a page slot: its rows (NHD) or heads (HND); twice as wide, sliced back.
     wider = list(cache.shape)
     wider[2] *= 2
     roomy = torch.full(wider, float("nan"), device=DEV, dtype=DTYPES[dt])
