@@ -134,6 +134,28 @@ struct Bufs {
   int64_t ws_bytes;
 };
 
+/** The params of one request whose K/V are held densely, NHD ([tokens][heads][D]) or HND
+ *  ([heads][tokens][D]); the correctness cases and the bench both start from these. */
+template <int D>
+P dense_params(const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse, int hq, int hkv,
+               int kv_len, bool hnd) {
+  P p{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.q_stride_h = D;
+  p.k_stride_h = p.v_stride_h = hnd ? int64_t(kv_len) * D : D;
+  p.k_stride_n = p.v_stride_n = hnd ? D : int64_t(hkv) * D;
+  p.o_stride_h = D;
+  p.num_qo_heads = hq;
+  p.num_kv_heads = hkv;
+  p.kv_len = kv_len;
+  p.sm_scale = 1.f / std::sqrt(float(D));
+  return p;
+}
+
 template <int D, typename Variant, typename Traits = hopper::DecodeTraits90<D>>
 void run_case(const DeviceInfo& dev, Bufs& b, VariantId vid, bool hnd, int hkv, int group,
               int kv_len, const hopper::DecodeKnobs90& knobs, uint64_t seed) {
@@ -149,24 +171,7 @@ void run_case(const DeviceInfo& dev, Bufs& b, VariantId vid, bool hnd, int hkv, 
   std::vector<float> sl(hq);
   for (int h = 0; h < hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / hq);
   CK(cudaMemcpy(b.slopes, sl.data(), hq * 4, cudaMemcpyHostToDevice));
-  P p{};
-  p.q = b.q;
-  p.k = b.k;
-  p.v = b.v;
-  p.lse = b.lse;
-  p.q_stride_h = D;
-  if (hnd) {  // [heads][tokens][D]
-    p.k_stride_h = p.v_stride_h = int64_t(kv_len) * D;
-    p.k_stride_n = p.v_stride_n = D;
-  } else {
-    p.k_stride_h = p.v_stride_h = D;
-    p.k_stride_n = p.v_stride_n = int64_t(hkv) * D;
-  }
-  p.o_stride_h = D;
-  p.num_qo_heads = hq;
-  p.num_kv_heads = hkv;
-  p.kv_len = kv_len;
-  p.sm_scale = 1.f / std::sqrt(float(D));
+  P p = dense_params<D>(b.q, b.k, b.v, b.o, b.lse, hq, hkv, kv_len, hnd);
   p.logits_soft_cap = 30.f;
   p.window_left = 100;
   p.alibi_slopes = b.slopes;
@@ -176,7 +181,6 @@ void run_case(const DeviceInfo& dev, Bufs& b, VariantId vid, bool hnd, int hkv, 
   std::vector<bf16> o_port(n), o_h(n), o_h2(n);
   std::vector<float> l_port(hq), l_h(hq), l_h2(hq);
   // portable
-  p.o = b.o;
   CK(cudaMemset(b.o, 0xff, n * 2));
   CK(cudaMemset(b.lse, 0xff, hq * 4));
   CK(cudaMemset(b.ws, 0xab, b.ws_bytes));
@@ -330,19 +334,7 @@ struct DecodeBuffers {
     CK(cudaMemcpy(k, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(v, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(q, h.data(), hq * D * 2, cudaMemcpyHostToDevice));
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.o = o;
-    p.lse = nullptr;
-    p.q_stride_h = D;
-    p.k_stride_h = p.v_stride_h = hnd ? int64_t(kv_len) * D : D;
-    p.k_stride_n = p.v_stride_n = hnd ? D : hkv * D;
-    p.o_stride_h = D;
-    p.num_qo_heads = hq;
-    p.num_kv_heads = hkv;
-    p.kv_len = kv_len;
-    p.sm_scale = 1.f / std::sqrt(float(D));
+    p = dense_params<D>(q, k, v, o, nullptr, hq, hkv, kv_len, hnd);
   }
   DecodeBuffers(const DecodeBuffers&) = delete;
   DecodeBuffers& operator=(const DecodeBuffers&) = delete;

@@ -17,6 +17,7 @@
 #include "flashgen/decode/softmax.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
@@ -247,12 +248,12 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
 
   for (uint32_t idx = threadIdx.x; idx < num_heads * kD; idx += Traits::kThreads) {
     const uint32_t h = idx / kD, d = idx % kD;
-    float num = 0.f, den = 0.f, m_ref = 0.f;
+    float num = 0.f, den = 0.f, m_ref = 0.f;  // the warps' states, unnormalized
     if constexpr (kSoftmax) {
       float mx = -math::inf;
 #pragma unroll
       for (int w = 0; w < Traits::kWarps; ++w) mx = fmaxf(mx, c_m[w * kH + h]);
-      m_ref = mx == -math::inf ? 0.f : mx;
+      m_ref = lse::reference(mx);
 #pragma unroll
       for (int w = 0; w < Traits::kWarps; ++w) {
         const float wt = math::ptx_exp2(c_m[w * kH + h] - m_ref);
@@ -266,19 +267,16 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
         den += c_d[w * kH + h];
       }
     }
-    const float value = kSoftmax ? (den > 0.f ? num / den : 0.f) : num;
+    const float value = lse::normalized<kSoftmax>(num, den);
     // Base-2 LSE for softmax; the plain sum of weights otherwise.
-    const float weight =
-        kSoftmax ? (den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf) : den;
+    const float weight = lse::weight<kSoftmax>(m_ref, den);
     if (out.part_o != nullptr) {
       out.part_o[h * kD + d] = value;
       if (d == 0) out.part_w[h] = weight;
     } else {
       const float y = hooks::output_transform(variant, params, value, batch_idx, 0, head0 + h);
       out.o[h * out.o_stride_h + d] = from_float<DTypeO>(y);
-      if (d == 0 && out.lse != nullptr) {
-        out.lse[h] = kSoftmax ? weight * math::ln2 : logf(weight);
-      }
+      if (d == 0 && out.lse != nullptr) out.lse[h] = lse::natural<kSoftmax>(weight);
     }
   }
 }

@@ -11,6 +11,7 @@
 
 #include "flashgen/decode/kernel.cuh"
 #include "flashgen/decode/traits.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
@@ -73,21 +74,14 @@ __global__ void __launch_bounds__(kMergeThreads)
     scale[s] = w;
     w_max = fmaxf(w_max, w);
   }
-  float m_ref = 0.f;
   if constexpr (kSoftmax) {
     w_max = block_reduce<true>(w_max, scratch);  // also orders the writes to scale[]
-    m_ref = w_max == -math::inf ? 0.f : w_max;
   } else {
     __syncthreads();
   }
-  float mine = 0.f;
-  for (uint32_t s = threadIdx.x; s < num_splits; s += kMergeThreads) {
-    const float w = scale[s];
-    const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
-    mine += kSoftmax ? sc : w;
-    scale[s] = sc;
-  }
-  const float den = block_reduce<false>(mine, scratch);  // also orders the writes to scale[]
+  lse::Merge<kSoftmax> mg(w_max);  // this thread's splits' share of the denominator
+  for (uint32_t s = threadIdx.x; s < num_splits; s += kMergeThreads) scale[s] = mg.add(scale[s]);
+  mg.den = block_reduce<false>(mg.den, scratch);  // also orders the writes to scale[]
 
   const uint32_t lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -110,14 +104,10 @@ __global__ void __launch_bounds__(kMergeThreads)
     float num = 0.f;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) num += partial[g][d];
-    const float value = kSoftmax ? (den > 0.f ? num / den : 0.f) : num;
     o[d] = from_float<typename Params::DTypeO>(
-        hooks::output_transform(variant, params, value, batch_idx, 0, head));
+        hooks::output_transform(variant, params, mg.value(num), batch_idx, 0, head));
   }
-  if (threadIdx.x == 0 && out.lse != nullptr) {
-    out.lse[row] = kSoftmax ? (den > 0.f ? (m_ref + math::ptx_log2(den)) * math::ln2 : -math::inf)
-                            : logf(den);
-  }
+  if (threadIdx.x == 0 && out.lse != nullptr) out.lse[row] = mg.lse();
 }
 
 }  // namespace decode

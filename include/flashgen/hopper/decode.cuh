@@ -40,6 +40,7 @@
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/launch.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/status.cuh"
@@ -503,7 +504,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float mx = -math::inf;
 #pragma unroll
       for (int w = 0; w < kW; ++w) mx = fmaxf(mx, c_m[w * kH + h]);
-      const float m_ref = mx == -math::inf ? 0.f : mx;
+      const float m_ref = lse::reference(mx);
       float wt[kW];
       float den = 0.f;
 #pragma unroll
@@ -511,10 +512,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         wt[w] = math::ptx_exp2(c_m[w * kH + h] - m_ref);
         den += wt[w] * c_d[w * kH + h];
       }
-      const float inv = den > 0.f ? 1.f / den : 0.f;
+      const float inv = lse::inverse<true>(den);
 #pragma unroll
       for (int w = 0; w < kW; ++w) c_s[w * kH + h] = wt[w] * inv;
-      weight = den > 0.f ? m_ref + math::ptx_log2(den) : -math::inf;
+      weight = lse::weight<true>(m_ref, den);
     } else {
       float den = 0.f;
 #pragma unroll
@@ -558,20 +559,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kSoftmax) {
       for (uint32_t r = 0; r < cluster; ++r) w_max = fmaxf(w_max, w_in[r * kH + h]);
     }
-    const float m_ref = w_max == -math::inf ? 0.f : w_max;
-    float wsum = 0.f;
+    lse::Merge<kSoftmax> mg(w_max);
     float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t r = 0; r < cluster; ++r) {
-      const float w = w_in[r * kH + h];
-      const float sc = kSoftmax ? math::ptx_exp2(w - m_ref) : 1.f;
-      const float4 x = o_in[r * per + i];
-      wsum += kSoftmax ? sc : w;
-      detail::fma4(num, sc, x);
-    }
-    const float inv = kSoftmax ? (wsum > 0.f ? 1.f / wsum : 0.f) : 1.f;
+    for (uint32_t r = 0; r < cluster; ++r) detail::fma4(num, mg.add(w_in[r * kH + h]), o_in[r * per + i]);
+    const float inv = mg.inverse();
     const float value[4] = {num.x * inv, num.y * inv, num.z * inv, num.w * inv};
-    const float weight =
-        kSoftmax ? (wsum > 0.f ? m_ref + math::ptx_log2(wsum) : -math::inf) : wsum;
+    const float weight = mg.weight();
     if (part_o != nullptr) {
       const int64_t row =
           static_cast<int64_t>(split / cluster) * params.num_qo_heads + head0 + h;
@@ -585,7 +578,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         params.o[(head0 + h) * params.o_stride_h + d + e] = from_float<DTypeO>(y);
       }
       if (d == 0 && params.lse != nullptr) {
-        params.lse[head0 + h] = kSoftmax ? weight * math::ln2 : logf(weight);
+        params.lse[head0 + h] = lse::natural<kSoftmax>(weight);
       }
     }
   }

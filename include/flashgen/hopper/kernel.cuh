@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include "flashgen/dtype.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/ptx_sm80.cuh"
@@ -925,7 +926,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-      const float inv = kSoftmax ? (l[h] > 0.f ? 1.f / l[h] : 0.f) : 1.f;
+      const float inv = lse::inverse<kSoftmax>(l[h]);
       float* dst = part.o + (slot_row0 + r) * kD + 2 * quad;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j) {
@@ -934,7 +935,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       if (quad == 0) {
         part.lse[slot_row0 + r] =
-            kSoftmax ? (l[h] > 0.f ? m[h] + math::ptx_log2(l[h]) : -math::inf) : l[h];
+            lse::weight<kSoftmax>(m[h], l[h]);
       }
     }
     continue;
@@ -943,7 +944,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    const float inv = kSoftmax ? (l[h] > 0.f ? 1.f / l[h] : 0.f) : 1.f;
+    const float inv = lse::inverse<kSoftmax>(l[h]);
 #pragma unroll
     for (int j = 0; j < kO / 4; ++j) {
       float y0 = o[4 * j + 2 * h] * inv, y1 = o[4 * j + 2 * h + 1] * inv;
@@ -954,8 +955,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if (quad == 0 && params.lse != nullptr && tok[h] < qo_len) {
       params.lse[(rq.q_row0 + tok[h]) * params.num_qo_heads + qo_head[h]] =
-          kSoftmax ? (l[h] > 0.f ? (m[h] + math::ptx_log2(l[h])) * math::ln2 : -math::inf)
-                   : logf(l[h]);
+          lse::natural<kSoftmax>(lse::weight<kSoftmax>(m[h], l[h]));
     }
   }
   named_barrier(1 + cw, 128);

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include "flashgen/dtype.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/ptx_sm80.cuh"
@@ -760,7 +761,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int h = 0; h < 2; ++h) {
         const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
         const float lv = l[mq][h];
-        const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
+        const float inv = lse::inverse<kSoftmax>(lv);
         float* dst = part.o + (slot_row0 + r) * kD + 2 * pair;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
@@ -769,7 +770,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         }
         if (pair == 0) {
           part.lse[slot_row0 + r] =
-              kSoftmax ? (lv > 0.f ? m[mq][h] + math::ptx_log2(lv) : -math::inf) : lv;
+              lse::weight<kSoftmax>(m[mq][h], lv);
         }
       }
     }
@@ -784,7 +785,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     for (int h = 0; h < 2; ++h) {
       const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
       const float lv = l[mq][h];
-      const float inv = kSoftmax ? (lv > 0.f ? 1.f / lv : 0.f) : 1.f;
+      const float inv = lse::inverse<kSoftmax>(lv);
       const int32_t token = row_token[r];
       const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
 #pragma unroll
@@ -797,8 +798,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
       if (pair == 0 && params.lse != nullptr && token < qo_len) {
         params.lse[(rq.q_row0 + token) * params.num_qo_heads + qo_head] =
-            kSoftmax ? (lv > 0.f ? (m[mq][h] + math::ptx_log2(lv)) * math::ln2 : -math::inf)
-                     : logf(lv);
+            lse::natural<kSoftmax>(lse::weight<kSoftmax>(m[mq][h], lv));
       }
     }
   }

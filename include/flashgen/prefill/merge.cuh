@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "flashgen/dtype.cuh"
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
@@ -52,25 +53,21 @@ __global__ void __launch_bounds__(kMergeThreads)
     if (token >= rq.qo_len) break;
     const uint32_t head = kv_head * G + p % G;
     const int64_t row = row_base + r;
-    float mx = -math::inf, den = 0.f;
+    float mx = -math::inf;
     if constexpr (kSoftmax) {
       for (uint32_t s = lane; s < w.splits; s += 32) mx = fmaxf(mx, part.lse[row + s * slot_stride]);
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, off));
     }
-    const float m_ref = mx == -math::inf ? 0.f : mx;
-    for (uint32_t s = lane; s < w.splits; s += 32) {
-      const float x = part.lse[row + s * slot_stride];
-      den += kSoftmax ? math::ptx_exp2(x - m_ref) : x;
-    }
+    lse::Merge<kSoftmax> mg(mx);  // the lanes' shares of the denominator, then their sum
+    for (uint32_t s = lane; s < w.splits; s += 32) mg.add(part.lse[row + s * slot_stride]);
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(~0u, den, off);
+    for (int off = 16; off > 0; off >>= 1) mg.den += __shfl_xor_sync(~0u, mg.den, off);
     float acc[kD / 32];
 #pragma unroll
     for (int j = 0; j < kD / 32; ++j) acc[j] = 0.f;
     for (uint32_t s = 0; s < w.splits; ++s) {
-      const float x = part.lse[row + s * slot_stride];
-      const float wt = kSoftmax ? math::ptx_exp2(x - m_ref) : 1.f;
+      const float wt = mg.factor(part.lse[row + s * slot_stride]);
       const float* src = part.o + (row + s * slot_stride) * kD;
 #pragma unroll
       for (int j = 0; j < kD / 32; ++j) acc[j] += wt * src[j * 32 + lane];
@@ -78,14 +75,11 @@ __global__ void __launch_bounds__(kMergeThreads)
     DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n + int64_t(head) * params.o_stride_h;
 #pragma unroll
     for (int j = 0; j < kD / 32; ++j) {
-      const float value = kSoftmax ? (den > 0.f ? acc[j] / den : 0.f) : acc[j];
-      dst[j * 32 + lane] =
-          from_float<DTypeO>(hooks::output_transform(variant, params, value, w.batch, token, head));
+      dst[j * 32 + lane] = from_float<DTypeO>(
+          hooks::output_transform(variant, params, mg.value(acc[j]), w.batch, token, head));
     }
     if (lane == 0 && params.lse != nullptr) {
-      params.lse[(rq.q_row0 + token) * params.num_qo_heads + head] =
-          kSoftmax ? (den > 0.f ? (m_ref + math::ptx_log2(den)) * math::ln2 : -math::inf)
-                   : logf(den);
+      params.lse[(rq.q_row0 + token) * params.num_qo_heads + head] = mg.lse();
     }
   }
 }
