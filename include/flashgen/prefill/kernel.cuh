@@ -35,9 +35,14 @@
 namespace flashgen {
 namespace prefill {
 
-/** 8 packed 16-bit values <-> floats. */
+/**
+ * 8 packed 16-bit values <-> floats. `v` is taken by value on purpose: bound by reference to a
+ * dereferenced global pointer (`*reinterpret_cast<const uint4*>(src)`), the element reads below
+ * went to memory one by one, and nvcc compiled each 16-byte Q chunk to eight 2-byte loads
+ * (LDG.E.U16; found by ncu's source counters in the sm90 prefill kernel, NOTES-hopper run 13).
+ */
 template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& v, float (&x)[8]) {
+__device__ __forceinline__ void unpack8(const uint4 v, float (&x)[8]) {
   const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
