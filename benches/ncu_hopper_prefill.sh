@@ -8,7 +8,8 @@
 # bench row, single causal d128 8192, and the ragged batch row). OUT gets per case: NAME.ncu-rep,
 # NAME.sass.csv (the source page: samples, stall reasons and memory counters per SASS
 # instruction; read it with benches/ncu_stalls.py) and NAME.details.txt (speed of light, warp
-# states). Clocks are left alone (--clock-control none), as the bench runs them.
+# states); the report itself stays only with KEEP_REP=1. Clocks are left alone
+# (--clock-control none), as the bench runs them.
 set -uo pipefail
 HARNESS=${1:?usage: ncu_hopper_prefill.sh HARNESS OUT [NAME REGEX SKIP]...}
 OUT=${2:?usage: ncu_hopper_prefill.sh HARNESS OUT [NAME REGEX SKIP]...}
@@ -29,5 +30,6 @@ while [ $# -ge 3 ]; do
   echo "ncu $name: rc=$?"
   ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/$name.details.txt" 2>&1
   ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name.sass.csv" 2>&1
+  [ "${KEEP_REP:-0}" = 1 ] || rm -f "$OUT/$name.ncu-rep"
   python3 "$(dirname "$0")/ncu_stalls.py" "$OUT/$name.sass.csv" --top 15 | head -40
 done
