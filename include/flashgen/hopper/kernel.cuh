@@ -600,24 +600,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int32_t token = int32_t(p / G);
       const uint32_t head = kv_head * G + p % G;
       float lo[8], hi[8];
-      if (token < qo_len) {
-        const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
-                            int64_t(head) * params.q_stride_h + c * 8;
-        prefill::unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src), lo);
-        prefill::unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
-        if constexpr (kRope) {
-          const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
-          rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          lo[j] = hooks::query_transform(variant, params, lo[j]);
-          hi[j] = hooks::query_transform(variant, params, hi[j]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
-      }
+      prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
+                                            rp, lo, hi);
       *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = prefill::pack8<DTypeQ>(lo);
       *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = prefill::pack8<DTypeQ>(hi);
     }

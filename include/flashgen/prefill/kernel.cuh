@@ -57,6 +57,38 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return v;
 }
 
+/**
+ * The query as both prefill kernels stage it: 8-dim chunk c of row `token`, head `head` in each
+ * half of the row (lo: dims 8c.., hi: dims D/2 + 8c..), rotated at the token's position (RoPE)
+ * and passed through the variant's QueryTransform, in fp32. Zeros for a row past qo_len.
+ */
+template <int kD, bool kRope, typename Variant, typename Params>
+__device__ __forceinline__ void load_query_chunks(const Params& params, Variant& variant,
+                                                  const RequestInfo& rq, int32_t qo_len,
+                                                  int32_t kv_len, int32_t token, uint32_t head,
+                                                  uint32_t c, const rope::LlamaRope& rp,
+                                                  float (&lo)[8], float (&hi)[8]) {
+  using DTypeQ = typename Params::DTypeQ;
+  if (token < qo_len) {
+    const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
+                        int64_t(head) * params.q_stride_h + c * 8;
+    unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src), lo);
+    unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
+    if constexpr (kRope) {
+      const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
+      rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo[j] = hooks::query_transform(variant, params, lo[j]);
+      hi[j] = hooks::query_transform(variant, params, hi[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
+  }
+}
+
 /** Split-KV partials of the whole launch: slot-major [slot][kv_head][kTileQ][head_dim] + LSE. */
 struct Partials {
   float* o;    // null: no split unit writes partials in this launch
@@ -407,24 +439,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         }
       }
       float lo[8], hi[8];
-      if (token < qo_len) {
-        const DTypeQ* src = params.q + (rq.q_row0 + token) * params.q_stride_n +
-                            int64_t(head) * params.q_stride_h + c * 8;
-        unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src), lo);
-        unpack8<DTypeQ>(*reinterpret_cast<const uint4*>(src + kD / 2), hi);
-        if constexpr (kRope) {
-          const float pos = float(kv_len - qo_len + token + rq.q_rope_offset);
-          rope::rotate8<kD>(lo, hi, pos, int(c * 8), rp);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          lo[j] = hooks::query_transform(variant, params, lo[j]);
-          hi[j] = hooks::query_transform(variant, params, hi[j]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
-      }
+      load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c, rp, lo, hi);
       *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c)) = pack8<DTypeQ>(lo);
       *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c + kHalf)) = pack8<DTypeQ>(hi);
     }
