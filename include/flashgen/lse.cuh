@@ -16,7 +16,9 @@ namespace flashgen {
 namespace lse {
 
 /** The reference a merge subtracts before exp2: the largest weight, 0 when all are -inf. */
-__device__ __forceinline__ float reference(float w_max) { return w_max == -math::inf ? 0.f : w_max; }
+__device__ __forceinline__ float reference(float w_max) {
+  return w_max == -math::inf ? 0.f : w_max;
+}
 
 /**
  * The weight of a state: for softmax, reference m and den = sum of 2^(logit - m) give the base-2

@@ -561,7 +561,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     lse::Merge<kSoftmax> mg(w_max);
     float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (uint32_t r = 0; r < cluster; ++r) detail::fma4(num, mg.add(w_in[r * kH + h]), o_in[r * per + i]);
+    for (uint32_t r = 0; r < cluster; ++r) {
+      detail::fma4(num, mg.add(w_in[r * kH + h]), o_in[r * per + i]);
+    }
     const float inv = mg.inverse();
     const float value[4] = {num.x * inv, num.y * inv, num.z * inv, num.w * inv};
     const float weight = mg.weight();
