@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 
 namespace flashgen {
@@ -31,7 +32,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[4], float (&m)[2]
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       const float m_new = fmaxf(m[j], mx);
-      const float m_ref = m_new == -math::inf ? 0.f : m_new;
+      const float m_ref = lse::reference(m_new);
       const float scale = math::ptx_exp2(m[j] - m_ref);
       s[j] = math::ptx_exp2(s[j] - m_ref);
       s[j + 2] = math::ptx_exp2(s[j + 2] - m_ref);

@@ -773,7 +773,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
       }
-      float m_ref[2] = {m[0] == -math::inf ? 0.f : m[0], m[1] == -math::inf ? 0.f : m[1]};
+      float m_ref[2] = {lse::reference(m[0]), lse::reference(m[1])};
       if constexpr (kLinearBias) {
         m_ref[0] -= row_base[0];
         m_ref[1] -= row_base[1];

@@ -658,7 +658,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float mx = tile_max[mq][h];
-            const float m_ref = mx == -math::inf ? 0.f : mx;
+            const float m_ref = lse::reference(mx);
             const float scale = math::ptx_exp2(m[mq][h] - m_ref);
             m[mq][h] = mx;
             l[mq][h] *= scale;
@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (kSoftmax) {
-          float m_ref = m[mq][h] == -math::inf ? 0.f : m[mq][h];
+          float m_ref = lse::reference(m[mq][h]);
           if constexpr (kLinearBias) m_ref -= row_base[mq][h];
           float sum = 0.f;
 #pragma unroll
