@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Where the sm90 prefill kernel's warps wait: Nsight Compute's warp-state sampling per SASS
-# instruction and per CUDA source line, for one launch of the harness's kernel (GPU machine).
+# instruction, for one launch of the harness's kernel (GPU machine).
 #   bash benches/ncu_hopper_prefill.sh HARNESS OUT [NAME REGEX SKIP]...
-# HARNESS: tests/cuda/run_hopper_prefill_harness.sh's binary, best built with
-# HOPPER_FLAGS=-lineinfo so that samples map to source lines. Each NAME REGEX SKIP triple profiles
+# HARNESS: tests/cuda/run_hopper_prefill_harness.sh's binary (or the paged harness's), e.g. built
+# with HOPPER_FLAGS="-lineinfo -DHOPPER_BENCH_ONLY". Each NAME REGEX SKIP triple profiles
 # launch SKIP (0-based) of the kernels whose demangled name matches REGEX (default: the first
-# bench row, single causal d128 8192, and the ragged batch row). OUT gets per case: NAME.ncu-rep,
+# bench row, single causal d128 8192, and the ragged batch row). OUT gets per case: NAME.log,
 # NAME.sass.csv (the source page: samples, stall reasons and memory counters per SASS
 # instruction; read it with benches/ncu_stalls.py) and NAME.details.txt (speed of light, warp
 # states); the report itself stays only with KEEP_REP=1. Clocks are left alone
