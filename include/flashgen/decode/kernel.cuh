@@ -15,6 +15,7 @@
 
 #include "flashgen/decode/query.cuh"
 #include "flashgen/decode/softmax.cuh"
+#include "flashgen/decode/tile.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
 #include "flashgen/lse.cuh"
@@ -90,7 +91,6 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   constexpr int kD = Traits::kHeadDim;
   constexpr int kS = Traits::kStages;
   constexpr int kChunks = Traits::kChunks;
-  constexpr float kMasked = kSoftmax ? -math::inf : 0.f;
 
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t warp = threadIdx.x >> 5;
@@ -146,11 +146,13 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
   }
 
-  // ldmatrix row addresses: K as A (rows = tokens), V as A^T via .trans (rows = tokens).
+  // ldmatrix rows: K as A (rows = tokens), V as A^T via .trans (rows = tokens); the ring puts
+  // 16-byte chunk c of row r at (c ^ (r & 7)), and r & 7 == lane & 7 here.
   const uint32_t mi = lane >> 3;
   const uint32_t r7 = lane & 7;
   const uint32_t k_row = (mi & 1) * 8 + r7, k_chunk0 = mi >> 1;
   const uint32_t v_row = (mi >> 1) * 8 + r7, v_chunk0 = mi & 1;
+  const WarpHeads heads{batch_idx, kv_head, head0, num_heads, group, pair};
 
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
@@ -176,60 +178,10 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
 
     const uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
     const uint32_t v_base = k_base + Traits::kTileBytes;
-
-    // Independent accumulators (hi / lo query part, alternate k steps): the scores are a chain
-    // of kKSteps * 2 / kSChains dependent mma instead of kKSteps * 2, which is most of a tile's
-    // latency per warp.
-    constexpr int kSChains = Traits::kScoreChains;
-    float sc[kSChains][4];
-#pragma unroll
-    for (int c = 0; c < kSChains; ++c) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[c][e] = 0.f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-      uint32_t a[4];
-      const uint32_t chunk = (ks * 2 + k_chunk0) ^ r7;
-      ptx::ldmatrix_x4(a, k_base + (k_row * kChunks + chunk) * 16);
-      const int c = (ks * 2) % kSChains;
-      ptx::mma_16816<DTypeKV>(sc[c], a, qf[ks][0], qf[ks][1]);
-      ptx::mma_16816<DTypeKV>(sc[(c + 1) % kSChains], a, qf_lo[ks][0], qf_lo[ks][1]);
-    }
-    float s[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[e] = sc[0][e];
-#pragma unroll
-      for (int c = 1; c < kSChains; ++c) s[e] += sc[c][e];
-    }
-
-    // s[e]: token group + 8*(e>>1), head 2*pair + (e&1).
-    const uint32_t tpos = tile_pos(i);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t pos = tpos + group + 8 * (e >> 1);
-      const uint32_t h = 2 * pair + (e & 1);
-      float x = kMasked;
-      if (pos < end && h < num_heads &&
-          hooks::logits_mask(variant, params, batch_idx, 0, pos, head0 + h, kv_head)) {
-        x = hooks::logits_transform(variant, params, s[e], batch_idx, 0, pos, head0 + h, kv_head);
-      }
-      s[e] = x;
-    }
-
-    online_softmax_tile<kSoftmax>(s, m, dsum, acc);
-
-    // P^T as the B operand of O^T = V^T P^T: transpose the two 8x8 token x head blocks.
-    const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));
-    const uint32_t b1 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[2], s[3]));
-#pragma unroll
-    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-      uint32_t a[4];
-      const uint32_t chunk = (mt * 2 + v_chunk0) ^ r7;
-      ptx::ldmatrix_x4_trans(a, v_base + (v_row * kChunks + chunk) * 16);
-      ptx::mma_16816<DTypeKV>(acc[mt], a, b0, b1);
-    }
+    kv_tile_step<Traits, kSoftmax, DTypeKV>(
+        [&](int ks) { return k_base + (k_row * kChunks + ((ks * 2 + k_chunk0) ^ r7)) * 16; },
+        [&](int mt) { return v_base + (v_row * kChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16; },
+        tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
     __syncwarp();
   }
   ptx::cp_async_wait<0>();

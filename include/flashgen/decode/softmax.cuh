@@ -4,7 +4,8 @@
  * which hold a tile's scores in the same mma.m16n8k16 fragment: s[j] and s[j + 2] are two tokens
  * of head 2 * pair + j, the 8 lanes with the same pair share a head (reductions over lanes 4, 8,
  * 16), and acc[mt][e] is O^T at dim mt * 16 + group + 8 * (e >> 1), head 2 * pair + (e & 1).
- * The tile step, the denominator's reduction, and the store for the cross-warp combine.
+ * The online softmax of one tile (tile.cuh runs the whole tile step around it), the denominator's
+ * reduction, and the store for the cross-warp combine.
  */
 #pragma once
 

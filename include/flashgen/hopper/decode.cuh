@@ -35,6 +35,7 @@
 #include "flashgen/decode/merge.cuh"
 #include "flashgen/decode/query.cuh"
 #include "flashgen/decode/softmax.cuh"
+#include "flashgen/decode/tile.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/dtype.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
@@ -297,7 +298,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kS = Traits::kStages;
   constexpr int kH = Traits::kHeadsPerBlock;
   constexpr int kW = Traits::kConsumerWarps;
-  constexpr float kMasked = kSoftmax ? -math::inf : 0.f;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   ptx::launch_dependents();  // the merge kernel (groups > 1) may be scheduled; it waits
@@ -418,6 +418,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto chunk_addr = [&](uint32_t base, uint32_t row, uint32_t ch) {
       return base + (ch >> 3) * Traits::kBoxBytes + row * 128 + (((ch & 7) ^ r7) << 4);
     };
+    const decode::WarpHeads heads{0, kv_head, head0, num_heads, group, pair};
 
     for (uint32_t i = warp / 4; i < num_stages; i += Traits::kGroups) {
       const uint32_t use = i / Traits::kGroups;
@@ -428,48 +429,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (tpos < end) {
         const uint32_t k_base = ring + slot * Traits::kStageBytes;
         const uint32_t v_base = k_base + Traits::kTileBytes;
-        constexpr int kSChains = Traits::kScoreChains;
-        float sc[kSChains][4];
-#pragma unroll
-        for (int c = 0; c < kSChains; ++c) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[c][e] = 0.f;
-        }
-#pragma unroll
-        for (int ks = 0; ks < Traits::kKSteps; ++ks) {
-          uint32_t a[4];
-          ptx::ldmatrix_x4(a, chunk_addr(k_base, k_row, ks * 2 + k_chunk0));
-          const int c = (ks * 2) % kSChains;
-          ptx::mma_16816<DTypeKV>(sc[c], a, qf[ks][0], qf[ks][1]);
-          ptx::mma_16816<DTypeKV>(sc[(c + 1) % kSChains], a, qf_lo[ks][0], qf_lo[ks][1]);
-        }
-        float s[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[e] = sc[0][e];
-#pragma unroll
-          for (int c = 1; c < kSChains; ++c) s[e] += sc[c][e];
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t pos = tpos + group + 8 * (e >> 1);
-          const uint32_t h = 2 * pair + (e & 1);
-          float x = kMasked;
-          if (pos < end && h < num_heads &&
-              hooks::logits_mask(variant, params, 0, 0, pos, head0 + h, kv_head)) {
-            x = hooks::logits_transform(variant, params, s[e], 0, 0, pos, head0 + h, kv_head);
-          }
-          s[e] = x;
-        }
-        decode::online_softmax_tile<kSoftmax>(s, m, dsum, acc);
-        const uint32_t b0 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[0], s[1]));
-        const uint32_t b1 = ptx::movmatrix_trans(ptx::pack2<DTypeKV>(s[2], s[3]));
-#pragma unroll
-        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-          uint32_t a[4];
-          ptx::ldmatrix_x4_trans(a, chunk_addr(v_base, v_row, mt * 2 + v_chunk0));
-          ptx::mma_16816<DTypeKV>(acc[mt], a, b0, b1);
-        }
+        decode::kv_tile_step<Traits, kSoftmax, DTypeKV>(
+            [&](int ks) { return chunk_addr(k_base, k_row, ks * 2 + k_chunk0); },
+            [&](int mt) { return chunk_addr(v_base, v_row, mt * 2 + v_chunk0); }, tpos, end, heads,
+            qf, qf_lo, variant, params, m, dsum, acc);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty_bar + 8 * slot);
