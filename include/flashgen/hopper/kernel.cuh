@@ -208,7 +208,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
   constexpr bool kVarLogits =
       prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
-  constexpr bool kBounds = kVarMask && prefill::has_mask_bounds<Variant, Params>::value;
   constexpr bool kFixedMaxAble =
       kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
 
@@ -278,7 +277,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
 
   // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
-  // tiles it visits (the portable kernel's rules). False: an empty unit-table slot.
+  // tiles it visits (prefill/mask.cuh's unit_tiles, as in the portable kernel). False: an empty
+  // unit-table slot.
   auto plan = [&](uint32_t blk, HopperBlock& b) -> bool {
     b.kv_head = blk % num_kv_heads;
     b.unit = blk / num_kv_heads;
@@ -294,34 +294,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int32_t first_token = int32_t(b.p0 / G);
     const int32_t last_token =
         int32_t(min(uint32_t(qo_len) * G - 1u, b.p0 + uint32_t(kTileQ) - 1u) / G);
-    const prefill::KVTileRange range =
-        prefill::kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
-    int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
-    if constexpr (kBounds) {
-      Variant variant(params, b.w.batch, variant_smem);
-      int32_t lo_f, hi_f, lo_l, hi_l;
-      variant.MaskBounds(params, b.w.batch, uint32_t(first_token), lo_f, hi_f);
-      variant.MaskBounds(params, b.w.batch, uint32_t(last_token), lo_l, hi_l);
-      t_lo = max(lo_f, 0) / kTileKV;
-      t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
-      t_hi = max(t_hi, t_lo);
-      free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
-      free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
-    } else if constexpr (kVarMask) {
-      free_hi = 0;
-    }
-    int32_t kt_begin = t_lo, kt_end = t_hi;
-    if (b.w.splits > 1) {
-      const int32_t per = (t_hi - t_lo + int32_t(b.w.splits) - 1) / int32_t(b.w.splits);
-      kt_begin = min(t_hi, t_lo + int32_t(b.w.chunk) * per);
-      kt_end = min(t_hi, kt_begin + per);
-    }
-    b.kt_begin = kt_begin;
-    b.n_tiles = kt_end - kt_begin;
-    // Visit order: [kt_begin, free_a) masked, [free_a, free_b) mask-free, [free_b, kt_end)
-    // masked.
-    b.free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
-    b.free_b = min(kt_end, max(b.free_a, free_hi));
+    const prefill::UnitTiles tiles = prefill::unit_tiles<MASK, kTileKV>(
+        params, b.w.batch, qo_len, kv_len, first_token, last_token, b.w.splits, b.w.chunk,
+        [&]() { return Variant(params, b.w.batch, variant_smem); });
+    b.kt_begin = tiles.begin;
+    b.n_tiles = tiles.end - tiles.begin;
+    b.free_a = tiles.free_a();
+    b.free_b = tiles.free_b();
     return true;
   };
 

@@ -246,28 +246,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       int32_t(min(uint32_t(qo_len) * G - 1u, p0 + uint32_t(Traits::kTileQ) - 1u) / G);
   const uint32_t warp_row0 = warp * Traits::kWarpRows;
 
-  // ---- kv tile range of this unit
-  const KVTileRange range = kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
-  // Tiles [t_lo, t_hi) are visited; [free_lo, free_hi) need no per-element mask.
-  int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
-  if constexpr (kBounds) {
-    int32_t lo_f, hi_f, lo_l, hi_l;
-    variant.MaskBounds(params, w.batch, uint32_t(first_token), lo_f, hi_f);
-    variant.MaskBounds(params, w.batch, uint32_t(last_token), lo_l, hi_l);
-    t_lo = max(lo_f, 0) / kTileKV;
-    t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
-    t_hi = max(t_hi, t_lo);
-    free_lo = (max(lo_l, 0) + kTileKV - 1) / kTileKV;
-    free_hi = min(free_hi, (min(hi_f, kv_len - 1) + 1) / kTileKV);
-  } else if constexpr (kVarMask) {
-    free_hi = 0;
-  }
-  int32_t kt_begin = t_lo, kt_end = t_hi;
-  if (w.splits > 1) {
-    const int32_t per = (t_hi - t_lo + int32_t(w.splits) - 1) / int32_t(w.splits);
-    kt_begin = min(t_hi, t_lo + int32_t(w.chunk) * per);
-    kt_end = min(t_hi, kt_begin + per);
-  }
+  // ---- kv tiles of this unit (mask.cuh)
+  const UnitTiles tiles =
+      unit_tiles<MASK, kTileKV>(params, w.batch, qo_len, kv_len, first_token, last_token, w.splits,
+                                w.chunk, [&]() -> Variant& { return variant; });
+  const int32_t kt_begin = tiles.begin, kt_end = tiles.end;
   const bool write_partial = w.splits > 1;
 
   const auto kv = make_kv<kD, PAGE_SIZE, kRope>(params, rq, kv_head, rope_k);
@@ -753,8 +736,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // Tiles in order: [kt_begin, free_a) masked (only with MaskBounds), [free_a, free_b) mask-free,
   // [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
   // keep the masked body's values live across the hot loop (measured: spills).
-  const int32_t free_a = kBounds ? min(kt_end, max(kt_begin, free_lo)) : kt_begin;
-  const int32_t free_b = min(kt_end, max(free_a, free_hi));
+  const int32_t free_a = tiles.free_a(), free_b = tiles.free_b();
   int32_t kt = kt_begin;
   if constexpr (kBounds) {
     for (; kt < free_a; ++kt) step(kt, std::true_type{});
