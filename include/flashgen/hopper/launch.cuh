@@ -166,18 +166,9 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   static_assert(sizeof(DType) == 2, "16-bit K/V");
   const char* what = "single_prefill (sm90)";
   if (int st = check_hopper(what, dev)) return st;
-  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
-      !prefill::vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !prefill::vec_ok(p.v, p.v_stride_n, p.v_stride_h) ||
-      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
-  if (uint64_t(p.qo_len) * (p.num_qo_heads / p.num_kv_heads) >= (uint64_t{1} << 31) ||
-      p.kv_len >= (uint32_t{1} << 31)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: qo_len * group size and kv_len must be below 2^31", what);
+  if (int st = prefill::check_single_inputs(what, p)) return st;
+  if (p.kv_len >= (uint32_t{1} << 31)) {  // TMA coordinates are int32
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: kv_len must be below 2^31", what);
   }
   if (p.qo_len == 0) return FLASHGEN_OK;
   const prefill::SinglePlan plan =
@@ -236,14 +227,8 @@ template <typename Traits, int POS>
 inline prefill::WorkspaceLayout plan_batch(int64_t total_q, int64_t kv_rows, int64_t batch,
                                            int64_t num_qo_heads, int64_t num_kv_heads,
                                            int64_t sm_count) {
-  const int64_t G = num_qo_heads / num_kv_heads;
-  const int64_t su = prefill::split_units_per_head<Traits>(sm_count, num_kv_heads);
-  const int64_t tile_bound = prefill::ceil_div64(total_q * G, Traits::kTileQ) + batch;
-  const int64_t grid_units = std::max(tile_bound, su);
-  prefill::WorkspaceLayout w = prefill::make_layout<Traits>(
-      batch, grid_units, POS == prefill::kPosRopeLlama ? kv_rows : 0, num_kv_heads, su);
-  w.grid_units = grid_units;
-  w.split_units = su;
+  prefill::WorkspaceLayout w = prefill::plan_batch<Traits, POS>(total_q, kv_rows, batch,
+                                                               num_qo_heads, num_kv_heads, sm_count);
   add_block_counter(&w);
   return w;
 }
@@ -265,32 +250,18 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   static_assert(sizeof(DType) == 2, "16-bit K/V");
   const char* what = "batch_prefill_ragged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
-  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: batch_size >= 1 and indptrs are required", what);
-  }
-  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
-      !prefill::vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !prefill::vec_ok(p.v, p.v_stride_n, p.v_stride_h) ||
-      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
-  if (kv_rows >= (int64_t{1} << 31)) {
+  if (int st = prefill::check_ragged_inputs(what, p)) return st;
+  if (kv_rows >= (int64_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
   const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
       total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);
-  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
-  int4* table = reinterpret_cast<int4*>(base + L.table_off);
-  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
-  if (int st = launch("batch_prefill (sm90) prep kernel",
-                      prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
-                      prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table,
-                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
+  int4* table = nullptr;
+  if (int st = prefill::launch_batch_prep<Traits, MASK>(
+          "batch_prefill (sm90) prep kernel", p, L, base, stream,
+          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
     return st;
   }
   const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
@@ -344,36 +315,15 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   static_assert(PAGE_SIZE >= 1, "page size");
   const char* what = "batch_prefill_paged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
-  if (int st = prefill::check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr ||
-      p.kv_indices == nullptr || p.kv_last_page_len == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: batch_size >= 1, indptrs, kv_indices and kv_last_page_len are required", what);
-  }
-  if (p.page_size != PAGE_SIZE) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: page_size %u but the kernel is built for %d", what,
-                p.page_size, PAGE_SIZE);
-  }
-  if (!prefill::vec_ok(p.q, p.q_stride_n, p.q_stride_h) ||
-      !prefill::vec_ok(p.o, p.o_stride_n, p.o_stride_h) ||
-      !prefill::vec_ok(p.paged_kv, p.kv_stride_page, p.kv_stride_kv) ||
-      !prefill::vec_ok(p.paged_kv, p.kv_stride_n, p.kv_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
-                what);
-  }
+  if (int st = prefill::check_paged_inputs<PAGE_SIZE>(what, p)) return st;
   const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
       total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
   uint8_t* base = static_cast<uint8_t*>(ws);
-  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
-  int4* table = reinterpret_cast<int4*>(base + L.table_off);
-  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
-  if (int st = launch("batch_prefill_paged (sm90) prep kernel",
-                      prefill::prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
-                      prefill::kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table,
-                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
+  int4* table = nullptr;
+  if (int st = prefill::launch_batch_prep<Traits, MASK>(
+          "batch_prefill_paged (sm90) prep kernel", p, L, base, stream,
+          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
     return st;
   }
   const DType* rope_k = nullptr;

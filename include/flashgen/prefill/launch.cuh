@@ -155,6 +155,77 @@ inline bool vec_ok(const void* p, int64_t a, int64_t b) {
   return aligned16(p) && vec_stride(a) && vec_stride(b);
 }
 
+/**
+ * The checks of a launch that hold for every backend (this file's and hopper/launch.cuh's, which
+ * add their own limits): heads, the tensors the kind reads, 16-byte rows. Written once so that the
+ * two backends refuse the same inputs with the same words.
+ */
+template <typename Params>
+int check_single_inputs(const char* what, const Params& p) {
+  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
+      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
+  }
+  if (uint64_t(p.qo_len) * (p.num_qo_heads / p.num_kv_heads) >= (uint64_t{1} << 31)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: qo_len * group size must be below 2^31", what);
+  }
+  return FLASHGEN_OK;
+}
+
+template <typename Params>
+int check_ragged_inputs(const char* what, const Params& p) {
+  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: batch_size >= 1 and indptrs are required", what);
+  }
+  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
+      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
+  }
+  return FLASHGEN_OK;
+}
+
+template <int PAGE_SIZE, typename Params>
+int check_paged_inputs(const char* what, const Params& p) {
+  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
+  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr ||
+      p.kv_indices == nullptr || p.kv_last_page_len == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: batch_size >= 1, indptrs, kv_indices and kv_last_page_len are required", what);
+  }
+  if (p.page_size != PAGE_SIZE) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: page_size %u but the kernel is built for %d", what,
+                p.page_size, PAGE_SIZE);
+  }
+  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h) ||
+      !vec_ok(p.paged_kv, p.kv_stride_page, p.kv_stride_kv) ||
+      !vec_ok(p.paged_kv, p.kv_stride_n, p.kv_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
+                what);
+  }
+  return FLASHGEN_OK;
+}
+
+/**
+ * The first kernel of a batch call, for both backends: the prep kernel fills the unit table
+ * (scheduler.cuh) at `table` from the indptrs on the device. `counter`: the Hopper kernel's block
+ * counter, reset here (null for the portable kernel).
+ */
+template <typename Traits, int MASK, typename Params>
+int launch_batch_prep(const char* what, const Params& p, const WorkspaceLayout& L, uint8_t* base,
+                      cudaStream_t stream, uint32_t* counter, int4** table) {
+  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
+  *table = reinterpret_cast<int4*>(base + L.table_off);
+  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
+  return launch(what, prefill_prep_kernel<Traits, MASK, Params>, dim3(1), kPrepThreads, 0, stream,
+                false, p, G, uint32_t(L.grid_units), uint32_t(L.split_units), unit_start, *table,
+                counter);
+}
+
 /** One flag word per kernel instantiation (KernelTag makes the static distinct per kernel). */
 template <typename KernelTag, typename Kernel>
 inline int smem_optin(Kernel kernel, const DeviceInfo& dev, int bytes) {
@@ -177,15 +248,7 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "single_prefill";
-  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
-  if (uint64_t(p.qo_len) * (p.num_qo_heads / p.num_kv_heads) >= (uint64_t{1} << 31)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: qo_len * group size must be below 2^31", what);
-  }
+  if (int st = check_single_inputs(what, p)) return st;
   if (p.qo_len == 0) return FLASHGEN_OK;
   const SinglePlan plan =
       plan_single<Traits, POS>(p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
@@ -243,12 +306,9 @@ int launch_batch_common(const char* what, const Params& p, const WorkspaceLayout
   using DType = typename Params::DTypeKV;
   uint8_t* base = static_cast<uint8_t*>(ws);
   const bool pdl = dev.major >= 9;
-  int32_t* unit_start = reinterpret_cast<int32_t*>(base + L.unit_start_off);
-  int4* table = reinterpret_cast<int4*>(base + L.table_off);
-  const uint32_t G = p.num_qo_heads / p.num_kv_heads;
-  if (int st = launch("batch_prefill prep kernel", prefill_prep_kernel<Traits, MASK, Params>, dim3(1),
-                      kPrepThreads, 0, stream, false, p, G, uint32_t(L.grid_units),
-                      uint32_t(L.split_units), unit_start, table, static_cast<uint32_t*>(nullptr))) {
+  int4* table = nullptr;
+  if (int st = launch_batch_prep<Traits, MASK>("batch_prefill prep kernel", p, L, base, stream,
+                                               nullptr, &table)) {
     return st;
   }
   DType* rope_k = nullptr;
@@ -280,15 +340,7 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "batch_prefill_ragged";
-  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: batch_size >= 1 and indptrs are required", what);
-  }
-  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
+  if (int st = check_ragged_inputs(what, p)) return st;
   const WorkspaceLayout L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size,
                                                     p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
@@ -309,23 +361,7 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   using Traits = PrefillTraitsFor<HEAD_DIM, Variant, Params>;
   using DType = typename Params::DTypeKV;
   const char* what = "batch_prefill_paged";
-  if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr ||
-      p.kv_indices == nullptr || p.kv_last_page_len == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: batch_size >= 1, indptrs, kv_indices and kv_last_page_len are required", what);
-  }
-  if (p.page_size != PAGE_SIZE) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: page_size %u but the kernel is built for %d", what,
-                p.page_size, PAGE_SIZE);
-  }
-  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h) ||
-      !vec_ok(p.paged_kv, p.kv_stride_page, p.kv_stride_kv) ||
-      !vec_ok(p.paged_kv, p.kv_stride_n, p.kv_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, paged_kv, o must be 16-byte aligned with strides that are multiples of 8",
-                what);
-  }
+  if (int st = check_paged_inputs<PAGE_SIZE>(what, p)) return st;
   const WorkspaceLayout L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size,
                                                     p.num_qo_heads, p.num_kv_heads, dev.sm_count);
   if (int st = check_ws(what, ws, ws_bytes, L.total)) return st;
