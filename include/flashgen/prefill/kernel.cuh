@@ -246,10 +246,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       int32_t(min(uint32_t(qo_len) * G - 1u, p0 + uint32_t(Traits::kTileQ) - 1u) / G);
   const uint32_t warp_row0 = warp * Traits::kWarpRows;
 
-  // ---- kv tiles of this unit (mask.cuh)
+  // ---- kv tiles of this unit (mask.cuh; the variant by pointer: nvcc's front end takes a lambda
+  // returning a reference capture for a reference to a local, warning #836)
   const UnitTiles tiles =
       unit_tiles<MASK, kTileKV>(params, w.batch, qo_len, kv_len, first_token, last_token, w.splits,
-                                w.chunk, [&]() -> Variant& { return variant; });
+                                w.chunk, [v = &variant]() -> Variant& { return *v; });
   const int32_t kt_begin = tiles.begin, kt_end = tiles.end;
   const bool write_partial = w.splits > 1;
 
