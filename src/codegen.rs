@@ -279,13 +279,17 @@ fn code_defines(axis: &Axis) -> String {
     }
 }
 
-/// The declaration that binds `NAME` to value `index` inside a dispatch case.
+/// The declaration that binds `NAME` to value `index` inside a dispatch case. The constants are
+/// `[[maybe_unused]]`: a body that dispatches over every axis (`FLASHGEN_DISPATCH_ARGS`) need not
+/// use each one (a workspace size does not depend on the mask), and nvcc would warn (#177).
 fn binding(axis: &Axis, index: usize) -> String {
     match (&axis.kind, &axis.values[index]) {
-        (AxisKind::Int, Value::Int(v)) => format!("constexpr int NAME = {v};"),
-        (AxisKind::Bool, Value::Bool(v)) => format!("constexpr bool NAME = {v};"),
+        (AxisKind::Int, Value::Int(v)) => format!("[[maybe_unused]] constexpr int NAME = {v};"),
+        (AxisKind::Bool, Value::Bool(v)) => {
+            format!("[[maybe_unused]] constexpr bool NAME = {v};")
+        }
         (AxisKind::Enum | AxisKind::Backend, _) => {
-            format!("constexpr int NAME = {};", axis.code(index))
+            format!("[[maybe_unused]] constexpr int NAME = {};", axis.code(index))
         }
         (AxisKind::Dtype, Value::Name(d)) => format!("using NAME = {};", cuda_type(d)),
         (AxisKind::Variant, Value::Name(n)) => format!("using NAME = FlashgenVariant_{n};"),

@@ -43,7 +43,7 @@ struct FlashgenVariant_scaled {
 #define DISPATCH_width(value, NAME, ...) \
   [&]() -> bool { \
     switch (static_cast<long long>(value)) { \
-      case 32: { constexpr int NAME = 32; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
+      case 32: { [[maybe_unused]] constexpr int NAME = 32; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
       default: ++flashgen_dispatch_misses(); return false; \
     } \
   }()
@@ -52,8 +52,8 @@ struct FlashgenVariant_scaled {
 #define DISPATCH_fast(value, NAME, ...) \
   [&]() -> bool { \
     switch (static_cast<long long>(value)) { \
-      case 0: { constexpr bool NAME = false; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
-      case 1: { constexpr bool NAME = true; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
+      case 0: { [[maybe_unused]] constexpr bool NAME = false; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
+      case 1: { [[maybe_unused]] constexpr bool NAME = true; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
       default: ++flashgen_dispatch_misses(); return false; \
     } \
   }()
@@ -64,8 +64,8 @@ struct FlashgenVariant_scaled {
 #define DISPATCH_mode(value, NAME, ...) \
   [&]() -> bool { \
     switch (static_cast<long long>(value)) { \
-      case 0: { constexpr int NAME = 0; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
-      case 1: { constexpr int NAME = 1; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
+      case 0: { [[maybe_unused]] constexpr int NAME = 0; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
+      case 1: { [[maybe_unused]] constexpr int NAME = 1; const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; } \
       default: ++flashgen_dispatch_misses(); return false; \
     } \
   }()

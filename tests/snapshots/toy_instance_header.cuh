@@ -36,7 +36,7 @@ constexpr int WIDTH = 128;
 #define DISPATCH_width(value, NAME, ...) \
   [&]() -> bool { \
     if ((value) != 128) { ++flashgen_dispatch_misses(); return false; } \
-    constexpr int NAME = 128; \
+    [[maybe_unused]] constexpr int NAME = 128; \
     const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; \
   }()
 
@@ -45,7 +45,7 @@ constexpr bool FAST = true;
 #define DISPATCH_fast(value, NAME, ...) \
   [&]() -> bool { \
     if ((value) != 1) { ++flashgen_dispatch_misses(); return false; } \
-    constexpr bool NAME = true; \
+    [[maybe_unused]] constexpr bool NAME = true; \
     const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; \
   }()
 
@@ -56,7 +56,7 @@ constexpr int MODE = 1;
 #define DISPATCH_mode(value, NAME, ...) \
   [&]() -> bool { \
     if ((value) != 1) { ++flashgen_dispatch_misses(); return false; } \
-    constexpr int NAME = 1; \
+    [[maybe_unused]] constexpr int NAME = 1; \
     const unsigned flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return flashgen_dispatch_misses() == flashgen_misses_before; \
   }()
 
