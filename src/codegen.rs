@@ -289,7 +289,10 @@ fn binding(axis: &Axis, index: usize) -> String {
             format!("[[maybe_unused]] constexpr bool NAME = {v};")
         }
         (AxisKind::Enum | AxisKind::Backend, _) => {
-            format!("[[maybe_unused]] constexpr int NAME = {};", axis.code(index))
+            format!(
+                "[[maybe_unused]] constexpr int NAME = {};",
+                axis.code(index)
+            )
         }
         (AxisKind::Dtype, Value::Name(d)) => format!("using NAME = {};", cuda_type(d)),
         (AxisKind::Variant, Value::Name(n)) => format!("using NAME = FlashgenVariant_{n};"),
