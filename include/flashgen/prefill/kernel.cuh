@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kTanhCap = kSoftmax && has_tanh_cap<Variant, Params>::value;
   constexpr bool kVarLogits =
       has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
-  constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
+  constexpr bool kBounds = uses_mask_bounds<Variant, Params>();
   constexpr bool kFixedMaxAble = kSoftmax && fixed_reference_able<Variant, Params, DTypeKV>();
   constexpr bool kWholeTiles =
       FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||

@@ -155,6 +155,17 @@ inline bool vec_ok(const void* p, int64_t a, int64_t b) {
   return aligned16(p) && vec_stride(a) && vec_stride(b);
 }
 
+/** q, k, v and o (single and ragged) are read and written as 16-byte rows. */
+template <typename Params>
+int check_dense_rows(const char* what, const Params& p) {
+  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
+      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
+  }
+  return FLASHGEN_OK;
+}
+
 /**
  * The checks of a launch that hold for every backend (this file's and hopper/launch.cuh's, which
  * add their own limits): heads, the tensors the kind reads, 16-byte rows. Written once so that the
@@ -163,11 +174,7 @@ inline bool vec_ok(const void* p, int64_t a, int64_t b) {
 template <typename Params>
 int check_single_inputs(const char* what, const Params& p) {
   if (int st = check_heads(what, p.num_qo_heads, p.num_kv_heads)) return st;
-  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
+  if (int st = check_dense_rows(what, p)) return st;
   if (uint64_t(p.qo_len) * (p.num_qo_heads / p.num_kv_heads) >= (uint64_t{1} << 31)) {
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: qo_len * group size must be below 2^31", what);
   }
@@ -180,12 +187,7 @@ int check_ragged_inputs(const char* what, const Params& p) {
   if (p.batch_size == 0 || p.qo_indptr == nullptr || p.kv_indptr == nullptr) {
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: batch_size >= 1 and indptrs are required", what);
   }
-  if (!vec_ok(p.q, p.q_stride_n, p.q_stride_h) || !vec_ok(p.k, p.k_stride_n, p.k_stride_h) ||
-      !vec_ok(p.v, p.v_stride_n, p.v_stride_h) || !vec_ok(p.o, p.o_stride_n, p.o_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "%s: q, k, v, o must be 16-byte aligned with strides that are multiples of 8", what);
-  }
-  return FLASHGEN_OK;
+  return check_dense_rows(what, p);
 }
 
 template <int PAGE_SIZE, typename Params>

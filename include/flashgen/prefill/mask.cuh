@@ -57,6 +57,13 @@ struct UnitTiles {
  * between the splits. `variant()` gives the variant (a reference or a new one); it is called only
  * for a variant with MaskBounds, so a kernel need not construct one otherwise.
  */
+/** Whether a variant's mask comes with MaskBounds (hooks.cuh), which unit_tiles then applies
+ *  and after which a kernel runs a leading masked run of tiles. */
+template <typename Variant, typename Params>
+constexpr bool uses_mask_bounds() {
+  return has_own_logits_mask<Variant, Params>() && has_mask_bounds<Variant, Params>::value;
+}
+
 template <int MASK, int kTileKV, typename Params, typename GetVariant>
 __device__ __forceinline__ UnitTiles unit_tiles(const Params& params, uint32_t batch,
                                                 int32_t qo_len, int32_t kv_len,
@@ -65,7 +72,7 @@ __device__ __forceinline__ UnitTiles unit_tiles(const Params& params, uint32_t b
                                                 GetVariant&& variant) {
   using Variant = std::decay_t<decltype(variant())>;
   constexpr bool kVarMask = has_own_logits_mask<Variant, Params>();
-  constexpr bool kBounds = kVarMask && has_mask_bounds<Variant, Params>::value;
+  constexpr bool kBounds = uses_mask_bounds<Variant, Params>();
   const KVTileRange range = kv_tile_range<MASK, kTileKV>(qo_len, kv_len, first_token, last_token);
   int32_t t_lo = 0, t_hi = range.num_tiles, free_lo = 0, free_hi = range.unmasked_tiles;
   if constexpr (kBounds) {
