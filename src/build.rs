@@ -203,6 +203,7 @@ impl<'m> Builder<'m> {
             &archs,
             compress,
             toolchain.manylinux.is_some(),
+            compile::cuda_major(&toolchain),
         );
         let search_dirs = search_dirs(matrix);
         let hasher = SourceHasher::new(&matrix.root, search_dirs.clone());
@@ -236,6 +237,7 @@ impl<'m> Builder<'m> {
             archs,
             self.compress,
             self.toolchain.manylinux.is_some(),
+            compile::cuda_major(&self.toolchain),
         )
     }
 

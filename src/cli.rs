@@ -105,7 +105,7 @@ pub struct CompileArgs {
     /// Keep compiling after a failure and list all failures at the end.
     #[arg(long)]
     pub keep_going: bool,
-    /// Leave fatbins uncompressed (default: -Xfatbin=-compress-all).
+    /// Leave fatbins uncompressed (default: -Xfatbin=-compress-all --compress-mode=size).
     #[arg(long)]
     pub no_compress: bool,
     /// A command to run each nvcc compile step through, split like a shell line (e.g.

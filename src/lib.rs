@@ -14,6 +14,7 @@ pub mod codegen;
 pub mod commands;
 pub mod compile;
 pub mod config;
+pub mod cuda_packages;
 pub mod error;
 pub mod filter;
 pub mod fingerprint;

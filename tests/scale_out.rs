@@ -83,13 +83,15 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .args([
             "-shared",
             "-Xcompiler=-fPIC",
-            "-cudart=static",
+            "-cudart=none",
             "-Xlinker=--strip-all",
             "-Xlinker=--build-id=none",
+            "-Xlinker=-l:libcudart.so.13",
             "-O2",
             "-std=c++17",
             "-Xcompiler=-fvisibility=hidden",
             "-Xfatbin=-compress-all",
+            "--compress-mode=size",
             "-gencode=arch=compute_80,code=sm_80",
         ])
         .arg(format!("-I{}", t.path("gen").join(uri(&ONE)).display()))

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import _cuda, _install
+from . import _cuda, _install, _runtime
 from ._errors import CompileError, FlashgenError, JITDisabledError
 from ._matrix import Instance, admits, format_value, matrix
 from ._variant import Variant
@@ -61,6 +61,8 @@ class Loaded:
             from ._kernels import KernelLibrary
 
             assert self._data is not None
+            for soname in _runtime.needed_runtimes(self._data):
+                _runtime.ensure_loaded(soname)
             try:
                 self._kernels = KernelLibrary(loadable_path(self._data, self.uri))
             except OSError as exc:

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::build::{BuildReport, Builder};
 use crate::cli::WheelArgs;
+use crate::cuda_packages;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
@@ -73,10 +74,8 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         requires_python: ">=3.9".into(),
         license: env!("CARGO_PKG_LICENSE").into(),
         readme: readme.map(|r| ("text/markdown".to_string(), r)),
-        requires_dist: target
-            .map(|_| crate::manylinux::ZIG_REQUIREMENT.to_string())
-            .into_iter()
-            .collect(),
+        requires_dist: requirements(aot.as_ref().map(|(b, _)| &b.toolchain), target),
+        provides_extra: vec![cuda_packages::JIT_EXTRA.to_string()],
     };
     // The .so files are loaded through ctypes, never as Python extensions: any CPython 3.
     let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform.tag));
@@ -162,6 +161,23 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
 /// With a glibc target (`--manylinux`, `FLASHGEN_MANYLINUX`), the wheel must get that tag: the
 /// instances are built for it, but the shipped binary is whatever `--binary` names, and a
 /// dynamically linked one needs the build machine's glibc. Refused rather than tagged higher.
+/// What the wheel requires: the shared CUDA runtime its instances (and its JIT's) link, and,
+/// as the `jit` extra, the toolchain that built them (`toolchain`; the pinned release for a
+/// JIT-only wheel) with zig for a glibc `target`.
+fn requirements(
+    toolchain: Option<&crate::toolchain::Toolchain>,
+    target: Option<crate::manylinux::Glibc>,
+) -> Vec<String> {
+    let (major, version) = match toolchain {
+        Some(tc) => (crate::compile::cuda_major(tc), tc.nvcc_version.as_str()),
+        None => (crate::compile::DEFAULT_CUDA_MAJOR, ""),
+    };
+    let zig = target.map(|_| crate::manylinux::ZIG_REQUIREMENT);
+    std::iter::once(cuda_packages::runtime_requirement(major))
+        .chain(cuda_packages::jit_requirements(version, zig))
+        .collect()
+}
+
 fn check_manylinux_target(
     target: crate::manylinux::Glibc,
     platform: &wheel::PlatformReport,

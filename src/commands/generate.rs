@@ -34,7 +34,13 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
     // An instance's flags name only the archs its arch limit allows.
     let flags_for = |a: &[arch::Arch]| match &builder {
         Ok(b) => b.flags_for(a),
-        Err(_) => compile::output_flags(&matrix.nvcc_flags, a, true, false),
+        Err(_) => compile::output_flags(
+            &matrix.nvcc_flags,
+            a,
+            true,
+            false,
+            compile::DEFAULT_CUDA_MAJOR,
+        ),
     };
     let (selected, skipped): (Vec<_>, Vec<_>) = selected
         .into_iter()

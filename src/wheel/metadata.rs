@@ -18,8 +18,11 @@ pub struct WheelMetadata {
     pub license: String,
     /// `(content type, text)`, e.g. `("text/markdown", README.md)`; becomes the METADATA body.
     pub readme: Option<(String, String)>,
-    /// PEP 508 requirement strings, one `Requires-Dist` line each.
+    /// PEP 508 requirement strings, one `Requires-Dist` line each (an extra's carry its
+    /// `; extra == "name"` marker).
     pub requires_dist: Vec<String>,
+    /// The extras the requirements name, one `Provides-Extra` line each.
+    pub provides_extra: Vec<String>,
 }
 
 /// The three compatibility tags of a wheel, e.g. `py3`, `none`, `manylinux_2_17_x86_64`.
@@ -103,6 +106,9 @@ pub fn metadata_file(meta: &WheelMetadata) -> Result<String, WheelError> {
     field("Summary", &meta.summary)?;
     field("License", &meta.license)?;
     field("Requires-Python", &meta.requires_python)?;
+    for extra in &meta.provides_extra {
+        field("Provides-Extra", extra)?;
+    }
     for req in &meta.requires_dist {
         field("Requires-Dist", req)?;
     }
@@ -133,6 +139,7 @@ mod tests {
             license: "Apache-2.0".into(),
             readme: Some(("text/markdown".into(), "# flashgen\n\nHello.".into())),
             requires_dist: vec!["numpy>=1.24".into(), "torch; extra == \"torch\"".into()],
+            provides_extra: vec!["torch".into()],
         }
     }
 
@@ -146,6 +153,7 @@ mod tests {
              Summary: CUDA kernel variants\n\
              License: Apache-2.0\n\
              Requires-Python: >=3.9\n\
+             Provides-Extra: torch\n\
              Requires-Dist: numpy>=1.24\n\
              Requires-Dist: torch; extra == \"torch\"\n\
              Description-Content-Type: text/markdown\n\
@@ -162,6 +170,7 @@ mod tests {
             requires_python: String::new(),
             readme: None,
             requires_dist: vec![],
+            provides_extra: vec![],
             ..meta()
         };
         assert_eq!(

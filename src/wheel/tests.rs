@@ -22,6 +22,7 @@ fn meta(name: &str) -> WheelMetadata {
         license: "Apache-2.0".into(),
         readme: Some(("text/markdown".into(), "# Demo\n\nSmall.\n".into())),
         requires_dist: vec!["numpy>=1.24".into()],
+        provides_extra: vec![],
     }
 }
 

@@ -66,13 +66,27 @@ def tools_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
+def _pinned(name: str) -> str:
+    """The requirement line ``ci/requirements-cuda.txt`` pins for ``name``."""
+    for line in (REPO / "ci" / "requirements-cuda.txt").read_text().splitlines():
+        if line.split("==")[0].strip() == name:
+            return line.strip()
+    raise AssertionError(f"ci/requirements-cuda.txt pins no {name}")
+
+
 @pytest.fixture(scope="session")
 def fresh_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new venv with the wheel pip-installed (no index: the wheel needs nothing else)."""
+    """A new venv with the wheel pip-installed as a user would, its one dependency (the CUDA
+    runtime its kernels link) resolved from a folder: pip sees no index, so nothing else can
+    come in."""
     venv = tmp_path_factory.mktemp("venv")
+    links = tmp_path_factory.mktemp("links")
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                           "--dest", str(links), _pinned("nvidia-cuda-runtime")], capture_output=True, text=True)
+    assert proc.returncode == 0, f"pip download of the CUDA runtime failed:\n{proc.stderr}"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--quiet", str(wheel)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--find-links",
+                           str(links), "--quiet", str(wheel)], capture_output=True, text=True)
     assert proc.returncode == 0, f"pip install {wheel.name} into a fresh venv failed:\n{proc.stderr}"
     return venv
 
@@ -115,7 +129,14 @@ def test_metadata(zf: zipfile.ZipFile, dist_info: str) -> None:
         assert meta[field], f"METADATA lacks {field}"
     assert meta["License"] or meta["License-Expression"], "METADATA names no license"
     assert meta.get_payload().strip() or meta["Description"], "METADATA has no readme"
-    assert not meta.get_all("Requires-Dist"), "torch and friends must not be required"
+    # The one hard requirement is the CUDA runtime the kernels link (no framework: torch and friends
+    # stay optional); the compile toolchain is the `jit` extra, pinned to the release that built it.
+    requires = meta.get_all("Requires-Dist") or []
+    assert [r for r in requires if "extra ==" not in r] == ["nvidia-cuda-runtime==13.*"], requires
+    assert meta.get_all("Provides-Extra") == ["jit"]
+    jit = sorted(r.split("==")[0] for r in requires if r.endswith('extra == "jit"'))
+    assert jit == ["nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvcc", "nvidia-nvvm"], requires
+    assert all(re.search(r"==13\.0\.\*; extra", r) for r in requires if "extra ==" in r), requires
 
 
 def _b64(digest: bytes) -> str:
