@@ -14,6 +14,7 @@ nothing; loaded instances are memoized per process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -28,6 +29,10 @@ from ._variant import Variant
 from ._verify import UntrustedFileError, loadable_path, read_checked
 
 __all__ = ["Loaded", "load", "device_capability", "jit_enabled"]
+
+# A compile on first use takes seconds; it is logged when it starts and ends, so that a caller
+# that enables INFO for "flashgen" (or any logging setup) sees why it waits.
+log = logging.getLogger("flashgen")
 
 
 class Loaded:
@@ -186,18 +191,16 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
 
 def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
          inst: Instance | None) -> Loaded:
-    """Ask ``flashgen jit`` for the instance: it answers from its verified cache or compiles it
-    (under its per-object lock), or, with the JIT disabled, says it is missing."""
-    import shlex
-    import subprocess
+    """Ask ``flashgen jit`` for the instance: first only to look it up in its verified cache;
+    on a miss, compile it (under its per-object lock, so concurrent loaders compile it once),
+    logged on the ``flashgen`` logger when it starts and ends; with the JIT disabled, a miss is
+    an error."""
     import tempfile
 
     cmd = [str(_install.binary()), "--config", str(_install.variants_json()), "jit",
            "--device-cc", f"{cc[0]}.{cc[1]}", "--module", module]
     for k, v in params.items():
         cmd += ["--where", f"{k}={format_value(v)}"]
-    if not jit_enabled():
-        cmd.append("--no-compile")
     target = _install.build_target()
     if target is not None and not os.environ.get("FLASHGEN_MANYLINUX", "").strip():
         # The wheel's kernels were built by zig for this glibc: build the missing ones the same
@@ -210,25 +213,20 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
     with tempfile.TemporaryDirectory(prefix="flashgen-variant-") as tmp:
         if variant is not None:
             cmd += ["--variants-file", str(_write_variant(variant, Path(tmp)))]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
-    if proc.returncode != 0:
-        raise CompileError(
-            f"{what}: `flashgen jit` exited with status {proc.returncode}.\n\n"
-            f"command: {shlex.join(cmd)}\n"
-            f"---- stderr ----\n{proc.stderr.strip() or '<stderr is empty>'}\n----------------"
-        )
-    try:
-        rec = json.loads(proc.stdout)
-        found = rec["source"]
-        arch = str(rec["arch"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CompileError(
-            f"{what}: `flashgen jit` printed no usable answer ({exc!r}).\n\n"
-            f"command: {shlex.join(cmd)}\n---- stdout ----\n{proc.stdout.strip()}\n----------------"
-        ) from None
-    if found == "missing":
-        err = JITDisabledError(_disabled_message(module, params, inst, variant, arch, rec))
+        rec = _ask_binary([*cmd, "--no-compile"], env, what)
+        if rec["source"] == "missing" and jit_enabled():
+            reason = _compile_reason(inst, variant)
+            log.info("compiling %s for %s: %s", rec["uri"], rec["arch"], reason)
+            t0 = time.perf_counter()
+            rec = _ask_binary(cmd, env, what)
+            took = time.perf_counter() - t0
+            if rec["source"] == "compiled":
+                log.info("compiled %s for %s in %.1f s", rec["uri"], rec["arch"], took)
+            else:  # another process compiled it while this one waited for the lock
+                log.info("%s for %s was compiled by another process (waited %.1f s)", rec["uri"],
+                         rec["arch"], took)
+    if rec["source"] == "missing":
+        err = JITDisabledError(_disabled_message(module, params, inst, variant, str(rec["arch"]), rec))
         err.answer = rec  # what the binary said: its cache folder, the archs it would build
         raise err
     path = Path(rec["path"])
@@ -239,8 +237,46 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
             f"{what}: the JIT cache entry cannot be trusted: {exc}.\n\nRun `flashgen clean --cache` "
             "(or fix the folder's owner and mode) and try again."
         ) from None
-    source = "jit" if found == "compiled" else "cache"
+    source = "jit" if rec["source"] == "compiled" else "cache"
     return Loaded(rec["uri"], rec["module"], dict(rec["params"]), dict(rec["codes"]), path, source, data)
+
+
+def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
+    """Runs one ``flashgen jit`` call and returns its answer (``source``: missing, cache or
+    compiled)."""
+    import shlex
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
+    if proc.returncode != 0:
+        raise CompileError(
+            f"{what}: `flashgen jit` exited with status {proc.returncode}.\n\n"
+            f"command: {shlex.join(cmd)}\n"
+            f"---- stderr ----\n{proc.stderr.strip() or '<stderr is empty>'}\n----------------"
+        )
+    try:
+        rec = json.loads(proc.stdout)
+        if rec["source"] not in ("missing", "cache", "compiled") or not isinstance(rec["arch"], str):
+            raise ValueError(f"unexpected source {rec['source']!r} or arch {rec['arch']!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CompileError(
+            f"{what}: `flashgen jit` printed no usable answer ({exc!r}).\n\n"
+            f"command: {shlex.join(cmd)}\n---- stdout ----\n{proc.stdout.strip()}\n----------------"
+        ) from None
+    return rec
+
+
+def _compile_reason(inst: Instance | None, variant: Variant | None) -> str:
+    """Why an instance is compiled on this machine instead of loaded from the wheel."""
+    if variant is not None:
+        return f"the user variant {variant.name!r} is compiled on first use"
+    manifest = _install.aot_manifest() or {}
+    row = next((r for r in manifest.get("instances", ()) if inst is not None and r.get("uri") == inst.uri), None)
+    if row is None:
+        return "it is not precompiled in this installation"
+    return (f"the installation's precompiled code does not run on this GPU (it holds "
+            f"{', '.join(row.get('archs', []))})")
 
 
 def _write_variant(variant: Variant, folder: Path) -> Path:

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import math
 import json
+import re
 import os
 import shutil
 import signal
@@ -460,15 +461,23 @@ def test_jit_miss_then_cache_hit_then_corruption_rebuilt(run_py: RunPy, installe
                                                          wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
     inst = _missing_instance(installed, wheel_manifest)
     cache = tmp_path / "cache"
-    cold = _result(run_py(_load_snippet("single_decode", inst["params"]), **DEVICE))
+    logs = "import logging\nlogging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
+    proc = run_py(_load_snippet("single_decode", inst["params"], extra=logs), **DEVICE)
+    cold = _result(proc)
     assert cold["source"] == "jit" and cold["uri"] == inst["uri"] and cold["codes"] == inst["codes"]
+    # Nobody waits in silence: the compile is logged when it starts (with why) and when it ends.
+    started = f"flashgen compiling {inst['uri']} for 9.0a: it is not precompiled in this installation"
+    assert started in proc.stderr, proc.stderr
+    assert re.search(rf"flashgen compiled {inst['uri']} for 9\.0a in \d+\.\d s", proc.stderr), proc.stderr
     so = Path(cold["path"])
     assert _objects(cache) == [so], "the JIT stores each .so once, as a cache object"
     assert (cache / "CACHEDIR.TAG").is_file() and (cache.stat().st_mode & 0o777) == 0o700
     assert not [p for p in (cache / "tmp").rglob("*") if p.is_file()], "nothing is left in the cache's tmp"
 
-    warm = _result(run_py(_load_snippet("single_decode", inst["params"]), **DEVICE))
+    proc = run_py(_load_snippet("single_decode", inst["params"], extra=logs), **DEVICE)
+    warm = _result(proc)
     assert warm["source"] == "cache" and warm["sha256"] == cold["sha256"] and warm["path"] == cold["path"]
+    assert "compil" not in proc.stderr, "a cache hit logs no compile"
     assert warm["seconds"] < 1.0, f"warm load took {warm['seconds']:.3f} s"
 
     data = bytearray(so.read_bytes())
@@ -582,9 +591,12 @@ def test_custom_variant_compiles_through_the_jit(run_py: RunPy) -> None:
         f"v = flashgen.Variant('user_flash_sigmoid', {flash_sigmoid_source()!r}, params={FLASH_SIGMOID_PARAMS!r})\n"
         "report(_loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128, 'pos_encoding': 'none'}, v))\n"
     )
-    cold = _result(run_py(code, **DEVICE))
+    logs = "import logging\nlogging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
+    proc = run_py(logs + code, **DEVICE)
+    cold = _result(proc)
     # On a 9.0 device single_decode takes its sm90 backend.
     assert cold["source"] == "jit" and cold["uri"].endswith("variant_user_flash_sigmoid_backend_sm90")
+    assert "the user variant 'user_flash_sigmoid' is compiled on first use" in proc.stderr, proc.stderr
     warm = _result(run_py(code, **DEVICE))
     assert warm["source"] == "cache" and warm["sha256"] == cold["sha256"]
     assert warm["codes"]["variant"] == cold["codes"]["variant"]
