@@ -151,6 +151,14 @@ pub struct WheelArgs {
     /// first use. Takes no filters.
     #[arg(long, alias = "jit-only")]
     pub no_aot: bool,
+    /// Precompile the release: every instance of the matrix (filters narrow it) for
+    /// variants.json's `release.archs` (--arch overrides).
+    #[arg(long, conflicts_with = "no_aot")]
+    pub release: bool,
+    /// Refuse (and remove) a wheel heavier than this many MiB [default: variants.json
+    /// `release.max_wheel_mib`, else 100, PyPI's limit].
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_wheel_mib: Option<u64>,
     #[command(flatten)]
     pub compile: CompileArgs,
 }

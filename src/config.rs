@@ -71,6 +71,9 @@ pub struct ConfigFile {
     #[serde(default)]
     pub variants: UniqueMap<VariantDecl>,
     pub modules: UniqueMap<ModuleDecl>,
+    /// What a release precompiles and the size each wheel must fit (`release.rs`).
+    #[serde(default)]
+    pub release: crate::release::ReleaseDecl,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -24,6 +24,7 @@ pub mod manylinux;
 pub mod matrix;
 pub mod param_types;
 pub mod records;
+pub mod release;
 pub mod stamp;
 pub mod toolchain;
 pub mod ui;

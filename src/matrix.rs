@@ -17,6 +17,7 @@ use crate::config::{self, AxisKind, ConfigFile, ParamDecl, UniqueMap, VariantDec
 use crate::error::UsageError;
 use crate::instance::{self, Instance};
 use crate::param_types::{self, ParamType};
+use crate::release::Release;
 
 /// One value on an axis.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,6 +193,8 @@ pub struct Matrix {
     pub variants: Vec<Variant>,
     pub modules: Vec<Module>,
     pub instances: Vec<Instance>,
+    /// What `build-wheel --release` builds, and every wheel's size budget.
+    pub release: Release,
 }
 
 impl Matrix {
@@ -379,10 +382,16 @@ impl Matrix {
             }
         }
 
+        let release = Release::from_decl(
+            &file.release,
+            &file.archs,
+            &config_path.display().to_string(),
+        )?;
         Ok(Matrix {
             config_path: config_path.to_path_buf(),
             config_text,
             root,
+            release,
             archs: file.archs,
             nvcc_flags: file.nvcc_flags,
             includes: file.includes,

@@ -131,6 +131,25 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
 
     let out = std::path::absolute(&args.out)?;
     let written = w.write(&out, wheel::source_date_epoch_from_env()?)?;
+    let budget = args
+        .max_wheel_mib
+        .map_or(matrix.release.max_wheel_bytes, |mib| mib << 20);
+    if written.size > budget {
+        let modules: Vec<(String, &str)> = aot
+            .iter()
+            .flat_map(|(_, r)| &r.built)
+            .map(|b| {
+                (
+                    format!("{PACKAGE}/_aot/{}.so", b.inst.uri),
+                    matrix.module(b.inst).name.as_str(),
+                )
+            })
+            .collect();
+        let over = over_budget(&written, &modules, budget, args.max_wheel_mib.is_some());
+        std::fs::remove_file(&written.path)
+            .with_context(|| format!("cannot remove {}", written.path.display()))?;
+        bail!("{over}");
+    }
     ui.status(format!(
         "wrote {} ({}, sha256 {}, {} precompiled instances, tag {})",
         written.path.display(),
@@ -158,9 +177,53 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     Ok(())
 }
 
-/// With a glibc target (`--manylinux`, `FLASHGEN_MANYLINUX`), the wheel must get that tag: the
-/// instances are built for it, but the shipped binary is whatever `--binary` names, and a
-/// dynamically linked one needs the build machine's glibc. Refused rather than tagged higher.
+/// Why a wheel over `budget` bytes is refused: its size, and what takes the room (the binary,
+/// the sources, the kernels of each module), largest first. `modules`: each kernel's archive
+/// path and its module.
+fn over_budget(
+    written: &wheel::WrittenWheel,
+    modules: &[(String, &str)],
+    budget: u64,
+    from_cli: bool,
+) -> String {
+    let mut groups: Vec<(String, u64, usize)> = Vec::new();
+    for e in &written.entries {
+        let group = match modules.iter().find(|(p, _)| *p == e.path) {
+            Some((_, module)) => format!("kernels of {module}"),
+            None if e.path.starts_with(&format!("{PACKAGE}/_bin/")) => "the flashgen binary".into(),
+            None if e.path.starts_with(&format!("{PACKAGE}/_src/")) => "kernel sources".into(),
+            None => "loader, matrix and metadata".into(),
+        };
+        match groups.iter_mut().find(|(g, _, _)| *g == group) {
+            Some((_, size, n)) => {
+                *size += e.compressed_size;
+                *n += 1;
+            }
+            None => groups.push((group, e.compressed_size, 1)),
+        }
+    }
+    groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let lines: Vec<String> = groups
+        .iter()
+        .map(|(g, size, n)| format!("  {:>10}  {g} ({n} files)", human_bytes(*size)))
+        .collect();
+    format!(
+        "{} is {}, over the budget of {} ({}); it was removed. Compressed, by part:\n{}\n\n\
+         hint: build fewer instances or architectures (variants.json release.archs, --arch, \
+         filters), or raise the budget (variants.json release.max_wheel_mib, --max-wheel-mib) \
+         where the index allows larger files",
+        written.path.display(),
+        human_bytes(written.size),
+        human_bytes(budget),
+        if from_cli {
+            "--max-wheel-mib"
+        } else {
+            "variants.json release.max_wheel_mib, default PyPI's 100 MiB"
+        },
+        lines.join("\n")
+    )
+}
+
 /// What the wheel requires: the shared CUDA runtime its instances (and its JIT's) link, and,
 /// as the `jit` extra, the toolchain that built them (`toolchain`; the pinned release for a
 /// JIT-only wheel) with zig for a glibc `target`.
@@ -178,6 +241,9 @@ fn requirements(
         .collect()
 }
 
+/// With a glibc target (`--manylinux`, `FLASHGEN_MANYLINUX`), the wheel must get that tag: the
+/// instances are built for it, but the shipped binary is whatever `--binary` names, and a
+/// dynamically linked one needs the build machine's glibc. Refused rather than tagged higher.
 fn check_manylinux_target(
     target: crate::manylinux::Glibc,
     platform: &wheel::PlatformReport,
@@ -216,16 +282,24 @@ fn build_aot<'m>(
     ui: &Ui,
 ) -> Result<(Builder<'m>, BuildReport<'m>)> {
     let c = &args.compile;
-    // No filter at all means the precompiled subset variants.json declares.
+    // No filter at all means the precompiled subset variants.json declares; a release is the
+    // whole matrix (filters narrow it), for the release's architectures.
     let mut filter = c.filter.clone();
-    if filter.module.is_none() && filter.wheres.is_empty() {
+    if !args.release && filter.module.is_none() && filter.wheres.is_empty() {
         filter.aot = true;
     }
+    let release_archs = matrix.release.archs.join(" ");
+    let archs = match (&c.arch, args.release) {
+        (Some(a), _) => Some(a.as_str()),
+        // Exactly the declared list: an inherited FLASHGEN_CUDA_ARCH_LIST does not narrow a release.
+        (None, true) => Some(release_archs.as_str()),
+        (None, false) => None,
+    };
     super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
     let selected = filter.select(matrix)?;
     let builder = super::builder(
         matrix,
-        c.arch.as_deref(),
+        archs,
         !c.no_compress,
         c.launcher.as_deref(),
         c.manylinux.as_deref(),

@@ -1,0 +1,159 @@
+//! The release through the real binary: `build-wheel --release` precompiles the whole matrix for
+//! variants.json's `release.archs`, and every wheel is measured against the size budget, which
+//! refuses (and removes) a wheel that is over and names what takes the room.
+
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// A stand-in Python package, so the fixture tree can be packed.
+fn with_package(t: &Tree) {
+    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+    t.write(
+        "python/flashgen/__init__.py",
+        "\"\"\"stand-in package\"\"\"\n",
+    );
+}
+
+/// Replaces the fixture's variants.json top-level `release`.
+fn set_release(t: &Tree, release: Value) {
+    let path = t.path("variants.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["release"] = release;
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+fn manifest_of(wheel: &Path) -> Value {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
+    let mut s = String::new();
+    zip.by_name("flashgen/_aot/manifest.json")
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    serde_json::from_str(&s).unwrap()
+}
+
+#[test]
+fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_room() {
+    let t = Tree::new("toy");
+    with_package(&t);
+    // The shipped binary alone (this test binary's flashgen, several MiB) is over 1 MiB.
+    let o = without_toolchain(t.cmd())
+        .args([
+            "build-wheel",
+            "--no-aot",
+            "--out",
+            "dist",
+            "-q",
+            "--max-wheel-mib",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("over the budget of 1.0 MiB (--max-wheel-mib)"),
+        "{err}"
+    );
+    assert!(err.contains("the flashgen binary (1 files)"), "{err}");
+    assert!(err.contains("it was removed"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(t.path("dist"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(
+        left.is_empty(),
+        "an over-budget wheel is not left behind: {left:?}"
+    );
+
+    // The budget variants.json declares applies without the flag; a roomy one passes.
+    set_release(&t, serde_json::json!({"max_wheel_mib": 1}));
+    let o = without_toolchain(t.cmd())
+        .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("variants.json release.max_wheel_mib"),
+        "{}",
+        stderr(&o)
+    );
+    set_release(&t, serde_json::json!({"max_wheel_mib": 100}));
+    let o = without_toolchain(t.cmd())
+        .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // A budget that is not a whole number of MiB is bad input.
+    set_release(&t, serde_json::json!({"max_wheel_mib": 0.5}));
+    let o = t.run(&["list-variants"]);
+    assert_usage_error(&o, &["release.max_wheel_mib", "0.5"]);
+}
+
+#[test]
+fn a_release_precompiles_every_instance_for_the_release_archs() {
+    if project_nvcc().is_none() {
+        panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
+    }
+    let t = Tree::new("toy");
+    with_package(&t);
+    // A two-instance matrix whose AOT subset is one of them; two release archs, one with PTX.
+    let path = t.path("variants.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let axes = &mut v["modules"]["toy"]["axes"];
+    for (i, values) in [
+        serde_json::json!(["f16"]),
+        serde_json::json!([32, 64]),
+        serde_json::json!([true]),
+        serde_json::json!(["sum"]),
+        serde_json::json!(["plain"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        axes[i]["values"] = values;
+    }
+    v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
+    v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+
+    let wheel = |args: &[&str]| {
+        // An inherited arch list narrows a plain build, never a release.
+        let o = t
+            .cmd()
+            .env("FLASHGEN_CUDA_ARCH_LIST", "8.0")
+            .args(["build-wheel", "--out", "dist", "-q", "-j", "2"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        manifest_of(Path::new(stdout(&o).trim()))
+    };
+    let summary = |m: &Value| {
+        let widths: Vec<i64> = m["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["params"]["width"].as_i64().unwrap())
+            .collect();
+        let targets: Vec<String> = m["runs_on"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["target"].as_str().unwrap().to_string())
+            .collect();
+        (widths, targets)
+    };
+    let (widths, targets) = summary(&wheel(&["--release"]));
+    assert_eq!(widths, [32, 64], "the release is the whole matrix");
+    assert_eq!(targets, ["sm_80", "compute_80", "sm_90a"]);
+    let (widths, targets) = summary(&wheel(&[]));
+    assert_eq!(widths, [64], "a plain wheel is the AOT subset");
+    assert_eq!(targets, ["sm_80"]);
+}
