@@ -4,6 +4,10 @@
 //! `nvidia-cuda-nvcc` in the active Python environment (`FLASHGEN_PYTHON`, `VIRTUAL_ENV`,
 //! `CONDA_PREFIX`, else the `python3` on PATH). Version strings are memoized in the cache folder
 //! by the compilers' path, size and mtime, so a warm run spawns no process for them.
+//!
+//! Child processes never pick up code from the caller's working folder: PATH keeps only its
+//! absolute entries ([`drop_relative_path_entries`], run first thing by the binary), and Python is
+//! run isolated from `/` ([`python_command`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -253,7 +257,7 @@ fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
 }
 
 fn ask_python(python: &Path) -> Option<PathBuf> {
-    let out = Command::new(python)
+    let out = python_command(python)
         .args([
             "-c",
             "import sysconfig; print(sysconfig.get_paths()['purelib'])",
@@ -263,6 +267,35 @@ fn ask_python(python: &Path) -> Option<PathBuf> {
     out.status
         .success()
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// `python` ready to take `-c CODE`: isolated (`-I`: neither the working folder nor any
+/// `PYTHON*` variable, `PYTHONPATH` and `PYTHONSTARTUP` included, nor the user's site-packages
+/// reach `sys.path`) and started in `/`. Python puts the folder it starts in first on
+/// `sys.path` for `-c`, so run in the caller's folder a `sysconfig.py` or `torch.py` planted there
+/// would run as the caller.
+pub(crate) fn python_command(python: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg("-I").current_dir("/");
+    cmd
+}
+
+/// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH, so neither
+/// a lookup here (nvcc, g++, zig, python3, the launcher, nvidia-smi) nor one by a child (nvcc
+/// finding its host compiler) resolves a program in whatever folder the caller stands in. Call
+/// it before any thread starts.
+pub fn drop_relative_path_entries() {
+    let Some(path) = std::env::var_os("PATH") else {
+        return;
+    };
+    let entries: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    if entries.iter().all(|p| p.is_absolute()) {
+        return;
+    }
+    let kept = entries.into_iter().filter(|p| p.is_absolute());
+    if let Ok(joined) = std::env::join_paths(kept) {
+        std::env::set_var("PATH", joined);
+    }
 }
 
 fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versions> {
@@ -300,6 +333,7 @@ fn version_text(program: &Path) -> Result<String> {
     crate::ui::trace(&[program.display().to_string(), "--version".into()]);
     let out = Command::new(program)
         .arg("--version")
+        .current_dir("/")
         .output()
         .with_context(|| format!("cannot run {} --version", program.display()))?;
     if !out.status.success() {

@@ -818,3 +818,100 @@ fn pypi_nvcc_is_found_through_the_interpreter_that_asks() {
     );
     assert_eq!(tc["nvcc_version"], "13.0.88");
 }
+
+// ---- child processes: nothing in the working folder runs ---------------------------------
+
+/// A folder another user wrote (owned by a second user when the tests run as root), holding
+/// Python modules the binary's Python children import by name and programs a PATH lookup of `.`
+/// would find; each leaves a marker in the returned folder when it runs.
+fn planted_folder(t: &Tree) -> (PathBuf, PathBuf) {
+    let dir = t.path("theirs");
+    let marks = t.path("marks");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let py = |name: &str| format!("open({:?}, 'w').write('ran')\n", marks.join(name));
+    let sh = |name: &str| format!("#!/bin/sh\necho ran > '{}'\n", marks.join(name).display());
+    let files: Vec<(String, String, bool)> = ["sysconfig.py", "torch.py", "json.py"]
+        .iter()
+        .map(|m| (m.to_string(), py(m), false))
+        .chain(
+            ["python3", "nvidia-smi", "nvcc", "g++", "c++", "zig"]
+                .iter()
+                .map(|p| (p.to_string(), sh(p), true)),
+        )
+        .collect();
+    let files: Vec<(&str, &str, bool)> = files
+        .iter()
+        .map(|(n, t, x)| (n.as_str(), t.as_str(), *x))
+        .collect();
+    plant(&dir, &files);
+    (dir, marks)
+}
+
+fn ran(marks: &Path) -> Vec<String> {
+    std::fs::read_dir(marks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The caller's folder holds the plants, PATH has `.` and an empty entry, and the Python
+/// variables point into the folder: `flashgen` started there must run none of it.
+fn in_planted_folder(t: &Tree, dir: &Path, path: &str) -> assert_cmd::Command {
+    let mut c = without_toolchain(t.cmd());
+    c.current_dir(dir)
+        .env("PATH", path)
+        .env("PYTHONPATH", ".")
+        .env("PYTHONSTARTUP", dir.join("sysconfig.py"))
+        .arg("--config")
+        .arg(t.path("variants.json"));
+    c
+}
+
+#[test]
+fn doctor_runs_no_code_from_the_working_folder() {
+    let t = Tree::new("toy");
+    let (dir, marks) = planted_folder(&t);
+    // python3 from PATH, then the interpreter the loader names (Debian's: its site-packages is
+    // not under the prefix, so the binary asks it where it is).
+    let cases = [
+        ("/usr/bin:/bin", Some("/usr/bin/python3")),
+        (".::/usr/bin:/bin", Some("/usr/bin/python3")),
+        (".::/usr/bin:/bin", None),
+    ];
+    for (path, python) in cases {
+        let mut c = in_planted_folder(&t, &dir, path);
+        if let Some(py) = python {
+            c.env("FLASHGEN_PYTHON", py);
+        }
+        let o = c.args(["doctor", "--json"]).output().unwrap();
+        let v = json(&o);
+        assert_eq!(
+            ran(&marks),
+            Vec::<String>::new(),
+            "PATH={path} FLASHGEN_PYTHON={python:?}"
+        );
+        assert!(
+            v["toolchain"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("nvcc not found")),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn a_build_of_another_config_runs_no_code_from_the_working_folder() {
+    let t = Tree::new("toy");
+    let (dir, marks) = planted_folder(&t);
+    for path in ["/usr/bin:/bin", ".::/usr/bin:/bin"] {
+        let o = in_planted_folder(&t, &dir, path)
+            .env("FLASHGEN_PYTHON", "/usr/bin/python3")
+            .args(["build", "--out"])
+            .arg(t.path("out"))
+            .output()
+            .unwrap();
+        assert_eq!(ran(&marks), Vec::<String>::new(), "PATH={path}");
+        assert_usage_error(&o, &["nvcc not found"]);
+    }
+}

@@ -140,3 +140,51 @@ def test_loaded_bytes_are_the_checked_bytes_across_a_swap(run_py: RunPy, install
     shutil.copytree(installed, copy)
     proc = run_py(code, PYTHONPATH=str(copy), **DEVICE)
     assert proc.stdout.strip().splitlines()[-1] == "3"
+
+
+def _plant(folder: Path, marks: Path) -> None:
+    """Another user's folder (owned by the peer when we run as root): Python modules the binary's
+    Python children import by name, and programs a lookup of ``.`` on PATH would find. Each leaves
+    a marker in ``marks`` when it runs."""
+    folder.mkdir()
+    marks.mkdir()
+    for mod in ("sysconfig", "torch", "json"):
+        (folder / f"{mod}.py").write_text(f"open({str(marks / mod)!r}, 'w').write('ran')\n")
+    for prog in ("python3", "nvcc", "g++", "nvidia-smi", "flashgen"):
+        (folder / prog).write_text(f"#!/bin/sh\necho ran > '{marks / prog}'\n")
+        (folder / prog).chmod(0o755)
+    if os.geteuid() == 0:
+        uid = _peer_uid()
+        for p in [folder, *folder.iterdir()]:
+            os.chown(p, uid, uid)
+
+
+def test_a_jit_run_from_a_planted_folder_runs_none_of_it(installed: Path, build_env: dict[str, str],
+                                                          wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    """A program whose working folder holds another user's ``sysconfig.py``: its JIT asks the
+    interpreter where its site-packages are (Debian's python keeps them outside the prefix, the
+    path taken when nvcc is found only through the Python environment); that child must not
+    import the folder's modules, nor must PATH's ``.`` find the folder's programs."""
+    folder, marks = tmp_path / "theirs", tmp_path / "marks"
+    _plant(folder, marks)
+    inst = _missing_instance(installed, wheel_manifest)
+    prog = tmp_path / "prog" / "prog.py"  # a script: its own folder, not the cwd, is on sys.path
+    prog.parent.mkdir()
+    prog.write_text(
+        "from flashgen import _loader\n"
+        "try:\n"
+        f"    _loader.load('single_decode', {inst['params']!r})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(build_env, PYTHONPATH=str(installed), FLASHGEN_CACHE_DIR=str(tmp_path / "cache"),
+               FLASHGEN_PYTHON="/usr/bin/python3", **DEVICE)
+    for var in ("FLASHGEN_NVCC", "FLASHGEN_BIN", "CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        env.pop(var, None)
+    if not Path("/usr/bin/python3").is_file():
+        pytest.skip("no /usr/bin/python3 to stand for the system interpreter")
+    for path in ("/usr/bin:/bin", ".::/usr/bin:/bin"):
+        proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                              env=dict(env, PATH=path), cwd=folder, timeout=300)
+        assert sorted(p.name for p in marks.iterdir()) == [], f"PATH={path}"
+        assert "nvcc not found" in proc.stdout, proc.stdout + proc.stderr
