@@ -188,3 +188,40 @@ def test_a_jit_run_from_a_planted_folder_runs_none_of_it(installed: Path, build_
                               env=dict(env, PATH=path), cwd=folder, timeout=300)
         assert sorted(p.name for p in marks.iterdir()) == [], f"PATH={path}"
         assert "nvcc not found" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_variant_parameter_named_like_a_core_field_is_refused(run_py: RunPy, installed: Path) -> None:
+    """The kernel reads its own ``sm_scale``, ``kv_len``, ``q`` ...: a parameter of that name
+    would be silently ignored. The names are the binary's (the shipped matrix's
+    ``reserved_params``); Python keeps no list of its own."""
+    shipped = json.loads((installed / "flashgen" / "_data" / "matrix.json").read_text())
+    names = ["sm_scale", "kv_len", "q", "o", "lse", "num_qo_heads", "rope_scale", "paged_kv"]
+    assert set(names) <= set(shipped["reserved_params"])
+    code = (
+        "import flashgen, json\n"
+        "src = 'template <typename P> struct Mine : flashgen::DefaultAttention<P> {};'\n"
+        "out = {}\n"
+        f"for name in {names!r} + ['my_scale']:\n"
+        "    try:\n"
+        "        flashgen.Variant('mine', src, params=[('bias', 'float'), (name, 'float')])\n"
+        "        out[name] = 'accepted'\n"
+        "    except ValueError as exc:\n"
+        "        out[name] = str(exc)\n"
+        "print(json.dumps(out))\n"
+    )
+    out = json.loads(run_py(code).stdout.strip().splitlines()[-1])
+    assert out.pop("my_scale") == "accepted"
+    for name, msg in out.items():
+        assert f"parameter name {name!r} clashes with the core field" in msg, msg
+        assert "single_decode" in msg or "batch_" in msg, msg
+    # The list is data: a name the shipped matrix reserves is refused, one it does not is not.
+    copy = installed.parent / "site-reserved"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(installed, copy)
+    edited = dict(shipped, reserved_params={"bias2": ["single_decode"]})
+    (copy / "flashgen" / "_data" / "matrix.json").write_text(json.dumps(edited))
+    out = json.loads(run_py(code.replace("'my_scale'", "'bias2'"), PYTHONPATH=str(copy)).stdout.strip()
+                     .splitlines()[-1])
+    assert "clashes with the core field 'bias2'" in out.pop("bias2")
+    assert set(out.values()) == {"accepted"}, out
