@@ -915,3 +915,84 @@ fn a_build_of_another_config_runs_no_code_from_the_working_folder() {
         assert_usage_error(&o, &["nvcc not found"]);
     }
 }
+
+// ---- packing follows no symlink out of the tree ------------------------------------------
+
+/// A JIT-only wheel of the toy tree (no toolchain needed); `/bin/true` stands in for the binary.
+fn jit_only_wheel(t: &Tree) -> Output {
+    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+    t.write("python/flashgen/__init__.py", "\"\"\"stand-in\"\"\"\n");
+    let mut c = without_toolchain(t.cmd());
+    c.args([
+        "build-wheel",
+        "--no-aot",
+        "--binary",
+        "/bin/true",
+        "--out",
+        "dist",
+        "-q",
+    ])
+    .timeout(std::time::Duration::from_secs(60));
+    c.output().unwrap()
+}
+
+#[test]
+fn build_wheel_packs_no_file_a_symlink_leads_to_outside_the_tree() {
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("secret"), "TOP-SECRET-BYTES\n").unwrap();
+    for link in [
+        "include/toy/leak.cuh",
+        "csrc/leak.cu",
+        "python/flashgen/leak.py",
+    ] {
+        let t = Tree::new("toy");
+        std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+        std::os::unix::fs::symlink(secret.path().join("secret"), t.path(link)).unwrap();
+        let o = jit_only_wheel(&t);
+        assert_usage_error(
+            &o,
+            &[
+                &format!(
+                    "{link} is a symlink to {}",
+                    secret.path().join("secret").display()
+                ),
+                "outside",
+                "the wheel packs no file from outside the tree",
+            ],
+        );
+        assert!(
+            !t.path("dist").exists() || std::fs::read_dir(t.path("dist")).unwrap().count() == 0
+        );
+    }
+    // A folder symlinked from outside is refused too; a link that stays inside is packed.
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink(secret.path(), t.path("include/toy/outside")).unwrap();
+    assert_usage_error(
+        &jit_only_wheel(&t),
+        &["include/toy/outside is a symlink to"],
+    );
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink("toy.cuh", t.path("include/toy/alias.cuh")).unwrap();
+    let o = jit_only_wheel(&t);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names = wheel_names(&t.path(stdout(&o).trim()));
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "flashgen/_src/include/toy/alias.cuh"),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn build_wheel_refuses_a_fifo_in_the_tree_instead_of_hanging() {
+    let t = Tree::new("toy");
+    let fifo = t.path("include/toy/pipe.cuh");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let o = jit_only_wheel(&t);
+    assert_usage_error(&o, &["include/toy/pipe.cuh is not a regular file"]);
+}

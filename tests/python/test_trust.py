@@ -8,6 +8,7 @@ otherwise.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -225,3 +226,56 @@ def test_a_variant_parameter_named_like_a_core_field_is_refused(run_py: RunPy, i
                      .splitlines()[-1])
     assert "clashes with the core field 'bias2'" in out.pop("bias2")
     assert set(out.values()) == {"accepted"}, out
+
+
+def _sdist_tree(tmp_path: Path) -> Path:
+    """The part of the checkout the sdist hook reads (it skips roots that are missing)."""
+    repo = Path(__file__).resolve().parents[2]
+    tree = tmp_path / "checkout"
+    tree.mkdir(parents=True)
+    for name in ("Cargo.toml", "README.md", "variants.json"):
+        shutil.copy(repo / name, tree / name)
+    for name in ("backend", "include", "csrc"):
+        shutil.copytree(repo / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def _sdist(tree: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    code = ("import sys; sys.path.insert(0, 'backend'); import flashgen_backend as b; "
+            f"print(b.build_sdist({str(out)!r}))")
+    return subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=60)
+
+
+def test_the_sdist_packs_no_file_a_symlink_leads_to_outside_the_tree(tmp_path: Path) -> None:
+    import tarfile
+
+    secret = tmp_path / "secret"
+    secret.write_text("TOP-SECRET-BYTES\n")
+    for link in ("include/flashgen/leak.cuh", "csrc/leak.cu", "README.md"):
+        tree = _sdist_tree(tmp_path / link.replace("/", "_"))
+        (tree / link).unlink(missing_ok=True)
+        (tree / link).symlink_to(secret)
+        proc = _sdist(tree, tmp_path / "out")
+        assert proc.returncode != 0
+        assert f"{tree / link} is a symlink to {secret}, outside" in proc.stderr, proc.stderr
+        assert "packs no file from outside the tree" in proc.stderr
+        assert not list((tmp_path / "out").glob("*.tar.gz")) if (tmp_path / "out").exists() else True
+    # A symlinked folder from outside, and a FIFO (which would hang a blocking read), are refused.
+    tree = _sdist_tree(tmp_path / "dir")
+    (tree / "include" / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    proc = _sdist(tree, tmp_path / "out")
+    assert "include/elsewhere is a symlink to" in proc.stderr and proc.returncode != 0, proc.stderr
+    tree = _sdist_tree(tmp_path / "fifo")
+    os.mkfifo(tree / "include" / "pipe.cuh")
+    proc = _sdist(tree, tmp_path / "out")
+    assert "pipe.cuh is not a regular file" in proc.stderr and proc.returncode != 0, proc.stderr
+    # A link that stays inside the tree packs the file it names.
+    tree = _sdist_tree(tmp_path / "inside")
+    (tree / "include" / "flashgen" / "alias.cuh").symlink_to("params.cuh")
+    proc = _sdist(tree, tmp_path / "ok")
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tmp_path / "ok" / proc.stdout.strip().splitlines()[-1]) as tar:
+        names = tar.getnames()
+        assert any(n.endswith("include/flashgen/alias.cuh") for n in names)
+        assert not any(b"TOP-SECRET" in (tar.extractfile(m) or io.BytesIO()).read()
+                       for m in tar.getmembers() if m.isfile())
