@@ -168,7 +168,8 @@ impl Toolchain {
 }
 
 fn find_nvcc() -> Result<(PathBuf, String)> {
-    if let Some(p) = std::env::var_os("FLASHGEN_NVCC") {
+    // Empty means unset, as for FLASHGEN_CACHE_DIR.
+    if let Some(p) = std::env::var_os("FLASHGEN_NVCC").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok((p, "FLASHGEN_NVCC".into()))

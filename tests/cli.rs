@@ -996,3 +996,35 @@ fn build_wheel_refuses_a_fifo_in_the_tree_instead_of_hanging() {
     let o = jit_only_wheel(&t);
     assert_usage_error(&o, &["include/toy/pipe.cuh is not a regular file"]);
 }
+
+#[test]
+fn an_empty_flashgen_nvcc_means_unset() {
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
+    let t = Tree::new("toy");
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "")
+        .env("FLASHGEN_PYTHON", venv.join("bin/python"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let tc = &json(&o)["toolchain"];
+    assert!(
+        tc["found_by"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("python package nvidia-cuda-nvcc"),
+        "{tc}"
+    );
+    // Unset everywhere else, the error lists where it looked, not "FLASHGEN_NVCC= is not a file".
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "")
+        .env("FLASHGEN_PYTHON", "/nonexistent/python3")
+        .args(["build", "--out", "out"])
+        .output()
+        .unwrap();
+    assert_usage_error(&o, &["nvcc not found (looked at FLASHGEN_NVCC"]);
+    assert!(!stderr(&o).contains("is not a file"), "{}", stderr(&o));
+}

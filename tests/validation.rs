@@ -1096,3 +1096,61 @@ fn a_variant_parameter_named_like_a_core_field_is_refused() {
     );
     assert!(!t.path().join("out").exists());
 }
+
+// ---- the same refusal everywhere a value is read ---------------------------------------------
+
+#[test]
+fn an_unreadable_arch_list_is_refused_by_list_variants_as_by_build() {
+    let t = Tree::new();
+    for bad in ["9.0\u{e4}", "+9.0", "\u{669}.\u{660}", "9.0 sm_\u{b2}0"] {
+        for args in [
+            vec!["list-variants", "--arch", bad],
+            vec!["list-variants", "--json", "--arch", bad],
+            vec!["build", "--out", "out", "--arch", bad],
+        ] {
+            let o = t.run(&args);
+            assert_usage_error(&o, &["--arch", "cannot read GPU architecture"]);
+            assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+        }
+        let o = t
+            .cmd()
+            .env("FLASHGEN_CUDA_ARCH_LIST", bad)
+            .args(["list-variants"])
+            .output()
+            .unwrap();
+        assert_usage_error(&o, &["FLASHGEN_CUDA_ARCH_LIST"]);
+    }
+    // No list anywhere is not an error for a view: the column says so.
+    t.edit(|c| {
+        c.as_object_mut().unwrap().remove("archs");
+    });
+    let o = t.run(&["list-variants", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows[0]["archs"], Value::Null);
+}
+
+#[test]
+fn a_device_capability_is_ascii_digits_only() {
+    let t = Tree::new();
+    for bad in ["\u{669}.\u{660}", "\u{b2}.0", "+9.0", "9.+0", "9.0\u{e4}"] {
+        let o = t.run(&["jit", "--device-cc", bad, "--module", "toy"]);
+        assert_usage_error(
+            &o,
+            &["--device-cc", "is not a compute capability", "e.g. 9.0"],
+        );
+    }
+}
+
+#[test]
+fn the_ninja_hint_quotes_the_folder() {
+    let t = Tree::new();
+    let o = t.run(&["generate", "--ninja", "--out", "gen dir; rm -rf x"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir = t.path("gen dir; rm -rf x");
+    assert!(
+        stderr(&o).contains(&format!("ninja -C '{}'", dir.display())),
+        "{}",
+        stderr(&o)
+    );
+}
