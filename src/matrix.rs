@@ -865,7 +865,7 @@ fn check_c_names(
 pub const DEFAULT_MAX_INSTANCES: u64 = 1_000_000;
 
 /// Longest URI: it names a folder and a `<uri>.so`, and file names stop at 255 bytes.
-const MAX_URI_LEN: usize = 200;
+pub const MAX_URI_LEN: usize = 200;
 
 /// `FLASHGEN_MAX_INSTANCES`, else [`DEFAULT_MAX_INSTANCES`].
 pub fn max_instances_from_env() -> Result<u64, UsageError> {

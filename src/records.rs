@@ -164,6 +164,9 @@ pub struct Describe {
     /// Names a variant parameter may not take: the core fields of the modules' params structs,
     /// each with the modules that have it (`matrix::core_fields`).
     pub reserved_params: IndexMap<String, Vec<String>>,
+    /// The longest instance URI, in bytes (URIs name files); a custom variant's name is part of
+    /// its instances' URIs.
+    pub max_uri_bytes: usize,
     pub modules: IndexMap<String, ModuleRow>,
     pub instances: Vec<InstanceRow>,
 }

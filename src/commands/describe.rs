@@ -31,6 +31,7 @@ pub fn describe(matrix: &Matrix) -> Describe {
                 .iter()
                 .map(|m| (m.name.as_str(), m.args.as_ref())),
         ),
+        max_uri_bytes: crate::matrix::MAX_URI_LEN,
         modules: matrix
             .modules
             .iter()

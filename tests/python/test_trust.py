@@ -279,3 +279,52 @@ def test_the_sdist_packs_no_file_a_symlink_leads_to_outside_the_tree(tmp_path: P
         assert any(n.endswith("include/flashgen/alias.cuh") for n in names)
         assert not any(b"TOP-SECRET" in (tar.extractfile(m) or io.BytesIO()).read()
                        for m in tar.getmembers() if m.isfile())
+
+
+def test_a_fifo_in_place_of_a_precompiled_kernel_is_refused_not_waited_on(
+        run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any]) -> None:
+    inst = wheel_manifest["instances"][0]
+    copy = installed.parent / "site-fifo"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(installed, copy)
+    so = copy / "flashgen" / "_aot" / inst["path"]
+    so.unlink()
+    os.mkfifo(so)
+    proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False, timeout=60,
+                  PYTHONPATH=str(copy), **DEVICE)
+    assert proc.returncode != 0
+    assert f"{so} is not a regular file" in proc.stderr, proc.stderr
+    assert "Reinstall the flashgen wheel" in proc.stderr
+
+
+def test_flashgen_device_cc_takes_ascii_digits_only(run_py: RunPy) -> None:
+    bad = ["\u00b2.0", "\u0669.\u0660", "9.0\u00e4", "+9.0", "9", "0.0"]
+    code = (
+        "import json, os\nfrom flashgen import _loader\nout = {}\n"
+        f"for v in {bad!r}:\n"
+        "    os.environ['FLASHGEN_DEVICE_CC'] = v\n"
+        "    try:\n"
+        "        out[v] = repr(_loader.device_capability())\n"
+        "    except ValueError as exc:\n"
+        "        out[v] = 'ValueError: ' + str(exc)\n"
+        "print(json.dumps(out))\n"
+    )
+    out = json.loads(run_py(code).stdout.strip().splitlines()[-1])
+    for v, msg in out.items():
+        assert msg.startswith("ValueError: FLASHGEN_DEVICE_CC="), (v, msg)
+        assert "ASCII digits" in msg, msg
+
+
+def test_a_variant_name_too_long_for_a_file_name_is_a_clear_value_error(run_py: RunPy) -> None:
+    code = (
+        "import flashgen\n"
+        "src = 'template <typename P> struct Mine : flashgen::DefaultAttention<P> {};'\n"
+        "try:\n"
+        "    flashgen.Variant('v' * 1000, src)\n"
+        "except ValueError as exc:\n"
+        "    print('ValueError:', exc)\n"
+    )
+    out = run_py(code).stdout
+    assert "ValueError: Variant name" in out and "1000 characters long" in out, out
+    assert "at most 200 bytes" in out, out
