@@ -5,9 +5,9 @@
 //! `CONDA_PREFIX`, else the `python3` on PATH). Version strings are memoized in the cache folder
 //! by the compilers' path, size and mtime, so a warm run spawns no process for them.
 //!
-//! Child processes never pick up code from the caller's working folder: PATH keeps only its
-//! absolute entries ([`drop_relative_path_entries`], run first thing by the binary), and Python is
-//! run isolated from `/` ([`python_command`]).
+//! Child processes never pick up code from the caller's working folder: PATH and
+//! LD_LIBRARY_PATH keep only their absolute entries ([`drop_relative_search_paths`], run first
+//! thing by the binary), and Python is run isolated from `/` ([`python_command`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -281,21 +281,26 @@ pub(crate) fn python_command(python: &Path) -> Command {
     cmd
 }
 
-/// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH, so neither
-/// a lookup here (nvcc, g++, zig, python3, the launcher, nvidia-smi) nor one by a child (nvcc
-/// finding its host compiler) resolves a program in whatever folder the caller stands in. Call
-/// it before any thread starts.
-pub fn drop_relative_path_entries() {
-    let Some(path) = std::env::var_os("PATH") else {
-        return;
-    };
-    let entries: Vec<PathBuf> = std::env::split_paths(&path).collect();
-    if entries.iter().all(|p| p.is_absolute()) {
-        return;
-    }
-    let kept = entries.into_iter().filter(|p| p.is_absolute());
-    if let Ok(joined) = std::env::join_paths(kept) {
-        std::env::set_var("PATH", joined);
+/// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH and
+/// LD_LIBRARY_PATH, so neither a lookup here (nvcc, g++, zig, python3, the launcher, nvidia-smi)
+/// nor one by a child (nvcc finding its host compiler, the dynamic loader finding a child's
+/// libraries) resolves to a file in whatever folder the caller stands in. Call it before any
+/// thread starts.
+pub fn drop_relative_search_paths() {
+    for var in ["PATH", "LD_LIBRARY_PATH"] {
+        let Some(value) = std::env::var_os(var) else {
+            continue;
+        };
+        let entries: Vec<PathBuf> = std::env::split_paths(&value).collect();
+        if entries.iter().all(|p| p.is_absolute()) {
+            continue;
+        }
+        let kept: Vec<PathBuf> = entries.into_iter().filter(|p| p.is_absolute()).collect();
+        if kept.is_empty() {
+            std::env::remove_var(var);
+        } else if let Ok(joined) = std::env::join_paths(kept) {
+            std::env::set_var(var, joined);
+        }
     }
 }
 

@@ -1028,3 +1028,54 @@ fn an_empty_flashgen_nvcc_means_unset() {
     assert_usage_error(&o, &["nvcc not found (looked at FLASHGEN_NVCC"]);
     assert!(!stderr(&o).contains("is not a file"), "{}", stderr(&o));
 }
+
+#[test]
+fn children_see_no_relative_search_path_entries() {
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let t = Tree::new("toy");
+    // A launcher that records what a compile step inherits, then fails the step.
+    let seen = t.path("seen.txt");
+    let launcher = t.path("record-env");
+    t.write(
+        "record-env",
+        &format!(
+            "#!/bin/sh\nprintf 'PATH=%s\\nLD_LIBRARY_PATH=%s\\n' \"$PATH\" \"${{LD_LIBRARY_PATH-unset}}\" > '{}'\nexit 1\n",
+            seen.display()
+        ),
+    );
+    std::fs::set_permissions(
+        &launcher,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let o = t
+        .cmd()
+        .env("FLASHGEN_NVCC", &nvcc)
+        .env("PATH", format!(".::{path}:bin"))
+        .env("LD_LIBRARY_PATH", ":.:/opt/absent-lib")
+        .args(["build", "--out", "out", "--launcher"])
+        .arg(&launcher)
+        .args(wheres(&[
+            "dtype=bf16",
+            "width=64",
+            "fast=true",
+            "mode=sum",
+            "variant=plain",
+        ]))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let text = std::fs::read_to_string(&seen).unwrap_or_else(|_| panic!("{}", stderr(&o)));
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap()
+            .to_string()
+    };
+    let absolute: Vec<&str> = path.split(':').filter(|e| e.starts_with('/')).collect();
+    assert_eq!(get("PATH"), absolute.join(":"), "{text}");
+    assert_eq!(get("LD_LIBRARY_PATH"), "/opt/absent-lib", "{text}");
+}
