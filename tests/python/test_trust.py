@@ -328,3 +328,29 @@ def test_a_variant_name_too_long_for_a_file_name_is_a_clear_value_error(run_py: 
     out = run_py(code).stdout
     assert "ValueError: Variant name" in out and "1000 characters long" in out, out
     assert "at most 200 bytes" in out, out
+
+
+def test_the_loader_finds_no_flashgen_in_the_working_folder(installed: Path, build_env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    """Without a bundled binary (a package whose ``_bin/`` is gone), the loader looks for
+    ``flashgen`` on PATH: an empty or ``.`` entry must not find one planted in the working folder."""
+    folder, marks = tmp_path / "theirs", tmp_path / "marks"
+    _plant(folder, marks)
+    copy = tmp_path / "site-nobin"
+    shutil.copytree(installed, copy)
+    shutil.rmtree(copy / "flashgen" / "_bin")
+    prog = tmp_path / "prog" / "prog.py"
+    prog.parent.mkdir()
+    prog.write_text(
+        "import subprocess\nfrom flashgen import _install\n"
+        "try:\n"
+        "    print(subprocess.run([str(_install.binary()), '--version'], capture_output=True, text=True).stdout)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(build_env, PYTHONPATH=str(copy), PATH=".::/usr/bin:/bin")
+    env.pop("FLASHGEN_BIN", None)
+    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, env=env, cwd=folder,
+                          timeout=60)
+    assert sorted(p.name for p in marks.iterdir()) == [], proc.stdout + proc.stderr
+    assert "the flashgen binary was not found" in proc.stdout, proc.stdout + proc.stderr
