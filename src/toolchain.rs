@@ -276,9 +276,20 @@ fn ask_python(python: &Path) -> Option<PathBuf> {
 /// `sys.path` for `-c`, so run in the caller's folder a `sysconfig.py` or `torch.py` planted there
 /// would run as the caller.
 pub(crate) fn python_command(python: &Path) -> Command {
-    let mut cmd = Command::new(python);
+    let mut cmd = Command::new(anchored(python));
     cmd.arg("-I").current_dir("/");
     cmd
+}
+
+/// `program` as a child started in another folder must name it: a relative path with a folder
+/// (`venv/bin/python`, `./cuda/bin/nvcc`) names a file of the caller's folder, so it is made
+/// absolute; a bare name is left to the (absolute-only) PATH.
+fn anchored(program: &Path) -> PathBuf {
+    if program.is_relative() && program.components().count() > 1 {
+        std::path::absolute(program).unwrap_or_else(|_| program.to_path_buf())
+    } else {
+        program.to_path_buf()
+    }
 }
 
 /// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH and
@@ -337,7 +348,7 @@ fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versio
 
 fn version_text(program: &Path) -> Result<String> {
     crate::ui::trace(&[program.display().to_string(), "--version".into()]);
-    let out = Command::new(program)
+    let out = Command::new(anchored(program))
         .arg("--version")
         .current_dir("/")
         .output()

@@ -1079,3 +1079,34 @@ fn children_see_no_relative_search_path_entries() {
     assert_eq!(get("PATH"), absolute.join(":"), "{text}");
     assert_eq!(get("LD_LIBRARY_PATH"), "/opt/absent-lib", "{text}");
 }
+
+#[test]
+fn relative_tool_paths_still_name_files_of_the_working_folder() {
+    // Children start in `/`; a relative FLASHGEN_NVCC or FLASHGEN_PYTHON still means the file
+    // the caller named from where it stands.
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink(nvcc.parent().unwrap().parent().unwrap(), t.path("cu")).unwrap();
+    std::os::unix::fs::symlink(&venv, t.path("venv")).unwrap();
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "cu/bin/nvcc")
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        json(&o)["toolchain"]["nvcc_version"],
+        "13.0.88",
+        "{}",
+        stderr(&o)
+    );
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_PYTHON", "venv/bin/python")
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let tc = &json(&o)["toolchain"];
+    assert_eq!(tc["nvcc_version"], "13.0.88", "{tc}");
+}
