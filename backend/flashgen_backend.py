@@ -26,12 +26,13 @@ import json
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "flashgen"
@@ -147,14 +148,17 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
     version = _cargo_field("version")
     base = f"{NAME}-{version}"
     epoch = _source_date_epoch()
-    files = {f"{base}/PKG-INFO": _pkg_info(version).encode()}
+    # archive name -> (bytes, executable): every file is read once, as it is checked.
+    files: Dict[str, Tuple[bytes, bool]] = {f"{base}/PKG-INFO": (_pkg_info(version).encode(), False)}
     for root in SDIST_ROOTS:
         path = ROOT / root
+        if path.is_symlink():
+            _check_link(path, ROOT)
         if path.is_file():
-            files[f"{base}/{root}"] = path
+            files[f"{base}/{root}"] = (_read_inside(path, ROOT), os.access(path, os.X_OK))
         elif path.is_dir():
             for f in _tree(path):
-                files[f"{base}/{f.relative_to(ROOT).as_posix()}"] = f
+                files[f"{base}/{f.relative_to(ROOT).as_posix()}"] = (_read_inside(f, path), os.access(f, os.X_OK))
     out_dir = Path(sdist_directory)
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / f"{base}.tar.gz"
@@ -165,12 +169,11 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch, compresslevel=9) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for arcname in sorted(files):
-                src = files[arcname]
-                data = src if isinstance(src, bytes) else src.read_bytes()
+                data, executable = files[arcname]
                 info = tarfile.TarInfo(arcname)
                 info.size = len(data)
                 info.mtime = epoch
-                info.mode = 0o755 if not isinstance(src, bytes) and os.access(src, os.X_OK) else 0o644
+                info.mode = 0o755 if executable else 0o644
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(data))
@@ -183,12 +186,45 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
 
 def _tree(folder: Path) -> List[Path]:
     """Every file under ``folder``, leaving out what a build or an editor leaves behind (bytecode
-    caches, dot files), as the wheel writer does."""
+    caches, dot files), as the wheel writer does. A symlinked folder is not walked, and one that
+    leads out of ``folder`` is refused (as ``_read_inside`` refuses such a file)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        for d in dirnames:
+            if (Path(dirpath) / d).is_symlink():
+                _check_link(Path(dirpath) / d, folder)
         out += [Path(dirpath) / f for f in filenames if not f.startswith(".") and not f.endswith(".pyc")]
     return out
+
+
+def _check_link(path: Path, top: Path) -> Path:
+    """What the symlink ``path`` resolves to, when that lies inside ``top``; else the sdist is
+    refused naming the link, so a link to a file elsewhere (``~/.ssh/id_ed25519``) never ships."""
+    target = Path(os.path.realpath(path))
+    inside = Path(os.path.realpath(top))
+    if not target.exists() or not (target == inside or inside in target.parents):
+        raise SystemExit(
+            f"{path} is a symlink to {target}, outside {top}: the sdist packs no file from "
+            "outside the tree.\n\nReplace the link by a copy of the file (if it is meant to ship), "
+            "or remove it."
+        )
+    return target
+
+
+def _read_inside(path: Path, top: Path) -> bytes:
+    """The bytes of the regular file ``path`` under ``top``: a symlink is followed only to a file
+    inside ``top``, and a FIFO or device is refused (opened without blocking, never followed)."""
+    target = _check_link(path, top) if path.is_symlink() else path
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SystemExit(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SystemExit(f"{path} is not a regular file; the sdist packs regular files only."
+                             "\n\nRemove it from the tree.")
+        return f.read()
 
 
 def _source_date_epoch() -> int:

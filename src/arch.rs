@@ -99,10 +99,10 @@ fn parse_one(item: &str) -> Option<Arch> {
         _ => (body, None),
     };
     let (major, minor) = match body.split_once('.') {
-        Some((ma, mi)) => (ma.parse().ok()?, mi.parse().ok()?),
+        Some((ma, mi)) => (digits(ma)?, digits(mi)?),
         None if body.len() >= 2 => {
             let (ma, mi) = body.split_at(body.len() - 1);
-            (ma.parse().ok()?, mi.parse().ok()?)
+            (digits(ma)?, digits(mi)?)
         }
         None => return None,
     };
@@ -112,6 +112,14 @@ fn parse_one(item: &str) -> Option<Arch> {
         suffix,
         ptx,
     })
+}
+
+/// A number written in ASCII digits only (`str::parse` also takes a leading `+`).
+fn digits(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// A GPU's compute capability, as the driver reports it (`9.0` on Hopper).
@@ -129,10 +137,7 @@ impl Capability {
                 .with_hint("write MAJOR.MINOR as the driver reports it, e.g. 9.0 or 8.6")
         };
         let (ma, mi) = text.trim().split_once('.').ok_or_else(bad)?;
-        let (major, minor) = (
-            ma.parse().map_err(|_| bad())?,
-            mi.parse().map_err(|_| bad())?,
-        );
+        let (major, minor) = (digits(ma).ok_or_else(bad)?, digits(mi).ok_or_else(bad)?);
         if major == 0 || major > 99 || minor > 9 {
             return Err(bad().into());
         }
@@ -314,27 +319,35 @@ pub fn runs_on_all(archs: &[Arch]) -> Vec<RunsOn> {
 
 /// Resolves the list by precedence; returns the archs and where they came from.
 pub fn resolve(cli: Option<&str>, config: &[String]) -> Result<(Vec<Arch>, String)> {
+    resolve_given(cli, config)?.ok_or_else(|| {
+        UsageError::new("no GPU architectures given")
+            .with_hint(
+                "set `archs` in variants.json, FLASHGEN_CUDA_ARCH_LIST, or pass --arch \"9.0a\"",
+            )
+            .into()
+    })
+}
+
+/// [`resolve`], with None when no list is given anywhere (a view such as `list-variants` then
+/// shows no archs); a list that is given but cannot be read is an error all the same.
+pub fn resolve_given(cli: Option<&str>, config: &[String]) -> Result<Option<(Vec<Arch>, String)>> {
     if let Some(list) = cli {
-        return Ok((parse_list(list, "--arch")?, "--arch".into()));
+        return Ok(Some((parse_list(list, "--arch")?, "--arch".into())));
     }
     for var in ["FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"] {
         if let Ok(list) = std::env::var(var) {
             if !list.trim().is_empty() {
-                return Ok((parse_list(&list, var)?, var.into()));
+                return Ok(Some((parse_list(&list, var)?, var.into())));
             }
         }
     }
     if config.is_empty() {
-        return Err(UsageError::new("no GPU architectures given")
-            .with_hint(
-                "set `archs` in variants.json, FLASHGEN_CUDA_ARCH_LIST, or pass --arch \"9.0a\"",
-            )
-            .into());
+        return Ok(None);
     }
-    Ok((
+    Ok(Some((
         parse_list(&config.join(" "), "variants.json archs")?,
         "variants.json".into(),
-    ))
+    )))
 }
 
 #[cfg(test)]

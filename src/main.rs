@@ -3,6 +3,8 @@
 use clap::Parser;
 
 fn main() {
+    // Before anything is looked up or started: no program is found in the working folder.
+    flashgen::toolchain::drop_relative_search_paths();
     // Hidden mode: this binary re-executed as a build's nvcc guard (see compile.rs).
     if std::env::args_os()
         .nth(1)

@@ -245,11 +245,17 @@ impl Matrix {
             resolve_inside(&root, "include", inc)
                 .map_err(|m| at(format!("includes[{i}]")).err(m))?;
         }
+        let core = core_fields(
+            file.modules
+                .iter()
+                .map(|(m, decl)| (m.as_str(), decl.args.as_ref())),
+        );
         let mut variants = Vec::new();
         let mut params = ParamUnion::default();
         for (name, decl) in file.variants.iter() {
             let loc = at(format!("variants.{name}"));
             let v = check_variant(&root, None, name, decl, &loc)?;
+            check_not_core(&v, &core, config_path, &loc)?;
             params.add(&v, &loc)?;
             variants.push(v);
         }
@@ -278,6 +284,7 @@ impl Matrix {
                         .into());
                 }
                 let v = check_variant(&root, Some(&dir), name, decl, &loc)?;
+                check_not_core(&v, &core, config_path, &loc)?;
                 params.add(&v, &loc)?;
                 user_variants.push(v);
             }
@@ -736,6 +743,60 @@ fn check_variant(
     })
 }
 
+/// The core fields of the modules' params structs, each with the modules that have it: the
+/// names of every module's declared C ABI (`modules.<m>.args`, its `call` and `shape`), which the
+/// entry point copies into the params struct a variant reads (include/flashgen/params.cuh; a test
+/// holds that header to this list). A variant parameter of the same name would be a member of the
+/// struct's base that the core member hides: the kernel would silently read its own value. The
+/// one list: `describe` exports it as `reserved_params` for the loader's `Variant`.
+pub fn core_fields<'a>(
+    modules: impl Iterator<Item = (&'a str, Option<&'a config::ArgsDecl>)>,
+) -> indexmap::IndexMap<String, Vec<String>> {
+    let mut out: indexmap::IndexMap<String, Vec<String>> = indexmap::IndexMap::new();
+    for (module, args) in modules {
+        for arg in args.iter().flat_map(|a| a.call.iter().chain(&a.shape)) {
+            let mods = out.entry(arg.name.clone()).or_default();
+            if !mods.iter().any(|m| m == module) {
+                mods.push(module.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// A variant parameter must not be named like a core field of a params struct ([`core_fields`]).
+fn check_not_core(
+    v: &Variant,
+    core: &indexmap::IndexMap<String, Vec<String>>,
+    config_path: &Path,
+    loc: &Located,
+) -> Result<(), UsageError> {
+    for (i, p) in v.params.iter().enumerate() {
+        if let Some(modules) = core.get(&p.name) {
+            return Err(loc
+                .field(&format!("params[{i}].name"))
+                .err(format!(
+                    "parameter `{}` is a core field of the params struct of {} ({} \
+                     modules.<m>.args): the kernel would read its own `{}`, never this parameter",
+                    p.name,
+                    modules
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    config_path.display(),
+                    p.name
+                ))
+                .with_hint(format!(
+                    "rename the parameter (e.g. `{}_{}`); `flashgen describe --json` lists \
+                     the reserved names under `reserved_params`",
+                    v.name, p.name
+                )));
+        }
+    }
+    Ok(())
+}
+
 /// The parameters of every variant by name: a dispatching header declares the union of its
 /// variants' parameters once per name, so one name must have one type everywhere.
 #[derive(Default)]
@@ -813,7 +874,7 @@ fn check_c_names(
 pub const DEFAULT_MAX_INSTANCES: u64 = 1_000_000;
 
 /// Longest URI: it names a folder and a `<uri>.so`, and file names stop at 255 bytes.
-const MAX_URI_LEN: usize = 200;
+pub const MAX_URI_LEN: usize = 200;
 
 /// `FLASHGEN_MAX_INSTANCES`, else [`DEFAULT_MAX_INSTANCES`].
 pub fn max_instances_from_env() -> Result<u64, UsageError> {

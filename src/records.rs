@@ -161,6 +161,12 @@ pub struct Describe {
     pub param_types: Vec<ParamTypeRow>,
     /// Words a C identifier may not be (keywords), for the loader's early check of a Variant.
     pub reserved_words: Vec<&'static str>,
+    /// Names a variant parameter may not take: the core fields of the modules' params structs,
+    /// each with the modules that have it (`matrix::core_fields`).
+    pub reserved_params: IndexMap<String, Vec<String>>,
+    /// The longest instance URI, in bytes (URIs name files); a custom variant's name is part of
+    /// its instances' URIs.
+    pub max_uri_bytes: usize,
     pub modules: IndexMap<String, ModuleRow>,
     pub instances: Vec<InstanceRow>,
 }

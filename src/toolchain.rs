@@ -4,6 +4,10 @@
 //! `nvidia-cuda-nvcc` in the active Python environment (`FLASHGEN_PYTHON`, `VIRTUAL_ENV`,
 //! `CONDA_PREFIX`, else the `python3` on PATH). Version strings are memoized in the cache folder
 //! by the compilers' path, size and mtime, so a warm run spawns no process for them.
+//!
+//! Child processes never pick up code from the caller's working folder: PATH and
+//! LD_LIBRARY_PATH keep only their absolute entries ([`drop_relative_search_paths`], run first
+//! thing by the binary), and Python is run isolated from `/` ([`python_command`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,7 +168,8 @@ impl Toolchain {
 }
 
 fn find_nvcc() -> Result<(PathBuf, String)> {
-    if let Some(p) = std::env::var_os("FLASHGEN_NVCC") {
+    // Empty means unset, as for FLASHGEN_CACHE_DIR.
+    if let Some(p) = std::env::var_os("FLASHGEN_NVCC").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok((p, "FLASHGEN_NVCC".into()))
@@ -253,7 +258,7 @@ fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
 }
 
 fn ask_python(python: &Path) -> Option<PathBuf> {
-    let out = Command::new(python)
+    let out = python_command(python)
         .args([
             "-c",
             "import sysconfig; print(sysconfig.get_paths()['purelib'])",
@@ -263,6 +268,51 @@ fn ask_python(python: &Path) -> Option<PathBuf> {
     out.status
         .success()
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// `python` ready to take `-c CODE`: isolated (`-I`: neither the working folder nor any
+/// `PYTHON*` variable, `PYTHONPATH` and `PYTHONSTARTUP` included, nor the user's site-packages
+/// reach `sys.path`) and started in `/`. Python puts the folder it starts in first on
+/// `sys.path` for `-c`, so run in the caller's folder a `sysconfig.py` or `torch.py` planted there
+/// would run as the caller.
+pub(crate) fn python_command(python: &Path) -> Command {
+    let mut cmd = Command::new(anchored(python));
+    cmd.arg("-I").current_dir("/");
+    cmd
+}
+
+/// `program` as a child started in another folder must name it: a relative path with a folder
+/// (`venv/bin/python`, `./cuda/bin/nvcc`) names a file of the caller's folder, so it is made
+/// absolute; a bare name is left to the (absolute-only) PATH.
+fn anchored(program: &Path) -> PathBuf {
+    if program.is_relative() && program.components().count() > 1 {
+        std::path::absolute(program).unwrap_or_else(|_| program.to_path_buf())
+    } else {
+        program.to_path_buf()
+    }
+}
+
+/// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH and
+/// LD_LIBRARY_PATH, so neither a lookup here (nvcc, g++, zig, python3, the launcher, nvidia-smi)
+/// nor one by a child (nvcc finding its host compiler, the dynamic loader finding a child's
+/// libraries) resolves to a file in whatever folder the caller stands in. Call it before any
+/// thread starts.
+pub fn drop_relative_search_paths() {
+    for var in ["PATH", "LD_LIBRARY_PATH"] {
+        let Some(value) = std::env::var_os(var) else {
+            continue;
+        };
+        let entries: Vec<PathBuf> = std::env::split_paths(&value).collect();
+        if entries.iter().all(|p| p.is_absolute()) {
+            continue;
+        }
+        let kept: Vec<PathBuf> = entries.into_iter().filter(|p| p.is_absolute()).collect();
+        if kept.is_empty() {
+            std::env::remove_var(var);
+        } else if let Ok(joined) = std::env::join_paths(kept) {
+            std::env::set_var(var, joined);
+        }
+    }
 }
 
 fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versions> {
@@ -298,8 +348,9 @@ fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versio
 
 fn version_text(program: &Path) -> Result<String> {
     crate::ui::trace(&[program.display().to_string(), "--version".into()]);
-    let out = Command::new(program)
+    let out = Command::new(anchored(program))
         .arg("--version")
+        .current_dir("/")
         .output()
         .with_context(|| format!("cannot run {} --version", program.display()))?;
     if !out.status.success() {

@@ -818,3 +818,295 @@ fn pypi_nvcc_is_found_through_the_interpreter_that_asks() {
     );
     assert_eq!(tc["nvcc_version"], "13.0.88");
 }
+
+// ---- child processes: nothing in the working folder runs ---------------------------------
+
+/// A folder another user wrote (owned by a second user when the tests run as root), holding
+/// Python modules the binary's Python children import by name and programs a PATH lookup of `.`
+/// would find; each leaves a marker in the returned folder when it runs.
+fn planted_folder(t: &Tree) -> (PathBuf, PathBuf) {
+    let dir = t.path("theirs");
+    let marks = t.path("marks");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&marks).unwrap();
+    let py = |name: &str| format!("open({:?}, 'w').write('ran')\n", marks.join(name));
+    let sh = |name: &str| format!("#!/bin/sh\necho ran > '{}'\n", marks.join(name).display());
+    let files: Vec<(String, String, bool)> = ["sysconfig.py", "torch.py", "json.py"]
+        .iter()
+        .map(|m| (m.to_string(), py(m), false))
+        .chain(
+            ["python3", "nvidia-smi", "nvcc", "g++", "c++", "zig"]
+                .iter()
+                .map(|p| (p.to_string(), sh(p), true)),
+        )
+        .collect();
+    let files: Vec<(&str, &str, bool)> = files
+        .iter()
+        .map(|(n, t, x)| (n.as_str(), t.as_str(), *x))
+        .collect();
+    plant(&dir, &files);
+    (dir, marks)
+}
+
+fn ran(marks: &Path) -> Vec<String> {
+    std::fs::read_dir(marks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The caller's folder holds the plants, PATH has `.` and an empty entry, and the Python
+/// variables point into the folder: `flashgen` started there must run none of it.
+fn in_planted_folder(t: &Tree, dir: &Path, path: &str) -> assert_cmd::Command {
+    let mut c = without_toolchain(t.cmd());
+    c.current_dir(dir)
+        .env("PATH", path)
+        .env("PYTHONPATH", ".")
+        .env("PYTHONSTARTUP", dir.join("sysconfig.py"))
+        .arg("--config")
+        .arg(t.path("variants.json"));
+    c
+}
+
+#[test]
+fn doctor_runs_no_code_from_the_working_folder() {
+    let t = Tree::new("toy");
+    let (dir, marks) = planted_folder(&t);
+    // python3 from PATH, then the interpreter the loader names (Debian's: its site-packages is
+    // not under the prefix, so the binary asks it where it is).
+    let cases = [
+        ("/usr/bin:/bin", Some("/usr/bin/python3")),
+        (".::/usr/bin:/bin", Some("/usr/bin/python3")),
+        (".::/usr/bin:/bin", None),
+    ];
+    for (path, python) in cases {
+        let mut c = in_planted_folder(&t, &dir, path);
+        if let Some(py) = python {
+            c.env("FLASHGEN_PYTHON", py);
+        }
+        let o = c.args(["doctor", "--json"]).output().unwrap();
+        let v = json(&o);
+        assert_eq!(
+            ran(&marks),
+            Vec::<String>::new(),
+            "PATH={path} FLASHGEN_PYTHON={python:?}"
+        );
+        assert!(
+            v["toolchain"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("nvcc not found")),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn a_build_of_another_config_runs_no_code_from_the_working_folder() {
+    let t = Tree::new("toy");
+    let (dir, marks) = planted_folder(&t);
+    for path in ["/usr/bin:/bin", ".::/usr/bin:/bin"] {
+        let o = in_planted_folder(&t, &dir, path)
+            .env("FLASHGEN_PYTHON", "/usr/bin/python3")
+            .args(["build", "--out"])
+            .arg(t.path("out"))
+            .output()
+            .unwrap();
+        assert_eq!(ran(&marks), Vec::<String>::new(), "PATH={path}");
+        assert_usage_error(&o, &["nvcc not found"]);
+    }
+}
+
+// ---- packing follows no symlink out of the tree ------------------------------------------
+
+/// A JIT-only wheel of the toy tree (no toolchain needed); `/bin/true` stands in for the binary.
+fn jit_only_wheel(t: &Tree) -> Output {
+    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+    t.write("python/flashgen/__init__.py", "\"\"\"stand-in\"\"\"\n");
+    let mut c = without_toolchain(t.cmd());
+    c.args([
+        "build-wheel",
+        "--no-aot",
+        "--binary",
+        "/bin/true",
+        "--out",
+        "dist",
+        "-q",
+    ])
+    .timeout(std::time::Duration::from_secs(60));
+    c.output().unwrap()
+}
+
+#[test]
+fn build_wheel_packs_no_file_a_symlink_leads_to_outside_the_tree() {
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("secret"), "TOP-SECRET-BYTES\n").unwrap();
+    for link in [
+        "include/toy/leak.cuh",
+        "csrc/leak.cu",
+        "python/flashgen/leak.py",
+    ] {
+        let t = Tree::new("toy");
+        std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
+        std::os::unix::fs::symlink(secret.path().join("secret"), t.path(link)).unwrap();
+        let o = jit_only_wheel(&t);
+        assert_usage_error(
+            &o,
+            &[
+                &format!(
+                    "{link} is a symlink to {}",
+                    secret.path().join("secret").display()
+                ),
+                "outside",
+                "the wheel packs no file from outside the tree",
+            ],
+        );
+        assert!(
+            !t.path("dist").exists() || std::fs::read_dir(t.path("dist")).unwrap().count() == 0
+        );
+    }
+    // A folder symlinked from outside is refused too; a link that stays inside is packed.
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink(secret.path(), t.path("include/toy/outside")).unwrap();
+    assert_usage_error(
+        &jit_only_wheel(&t),
+        &["include/toy/outside is a symlink to"],
+    );
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink("toy.cuh", t.path("include/toy/alias.cuh")).unwrap();
+    let o = jit_only_wheel(&t);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names = wheel_names(&t.path(stdout(&o).trim()));
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "flashgen/_src/include/toy/alias.cuh"),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn build_wheel_refuses_a_fifo_in_the_tree_instead_of_hanging() {
+    let t = Tree::new("toy");
+    let fifo = t.path("include/toy/pipe.cuh");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let o = jit_only_wheel(&t);
+    assert_usage_error(&o, &["include/toy/pipe.cuh is not a regular file"]);
+}
+
+#[test]
+fn an_empty_flashgen_nvcc_means_unset() {
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
+    let t = Tree::new("toy");
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "")
+        .env("FLASHGEN_PYTHON", venv.join("bin/python"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let tc = &json(&o)["toolchain"];
+    assert!(
+        tc["found_by"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("python package nvidia-cuda-nvcc"),
+        "{tc}"
+    );
+    // Unset everywhere else, the error lists where it looked, not "FLASHGEN_NVCC= is not a file".
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "")
+        .env("FLASHGEN_PYTHON", "/nonexistent/python3")
+        .args(["build", "--out", "out"])
+        .output()
+        .unwrap();
+    assert_usage_error(&o, &["nvcc not found (looked at FLASHGEN_NVCC"]);
+    assert!(!stderr(&o).contains("is not a file"), "{}", stderr(&o));
+}
+
+#[test]
+fn children_see_no_relative_search_path_entries() {
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let t = Tree::new("toy");
+    // A launcher that records what a compile step inherits, then fails the step.
+    let seen = t.path("seen.txt");
+    let launcher = t.path("record-env");
+    t.write(
+        "record-env",
+        &format!(
+            "#!/bin/sh\nprintf 'PATH=%s\\nLD_LIBRARY_PATH=%s\\n' \"$PATH\" \"${{LD_LIBRARY_PATH-unset}}\" > '{}'\nexit 1\n",
+            seen.display()
+        ),
+    );
+    std::fs::set_permissions(
+        &launcher,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = std::env::var("PATH").unwrap_or_default();
+    let o = t
+        .cmd()
+        .env("FLASHGEN_NVCC", &nvcc)
+        .env("PATH", format!(".::{path}:bin"))
+        .env("LD_LIBRARY_PATH", ":.:/opt/absent-lib")
+        .args(["build", "--out", "out", "--launcher"])
+        .arg(&launcher)
+        .args(wheres(&[
+            "dtype=bf16",
+            "width=64",
+            "fast=true",
+            "mode=sum",
+            "variant=plain",
+        ]))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let text = std::fs::read_to_string(&seen).unwrap_or_else(|_| panic!("{}", stderr(&o)));
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap()
+            .to_string()
+    };
+    let absolute: Vec<&str> = path.split(':').filter(|e| e.starts_with('/')).collect();
+    assert_eq!(get("PATH"), absolute.join(":"), "{text}");
+    assert_eq!(get("LD_LIBRARY_PATH"), "/opt/absent-lib", "{text}");
+}
+
+#[test]
+fn relative_tool_paths_still_name_files_of_the_working_folder() {
+    // Children start in `/`; a relative FLASHGEN_NVCC or FLASHGEN_PYTHON still means the file
+    // the caller named from where it stands.
+    let Some(nvcc) = project_nvcc() else {
+        panic!("the project venv's nvcc is missing: run ci/setup.sh")
+    };
+    let venv = nvcc.ancestors().nth(7).unwrap().to_path_buf();
+    let t = Tree::new("toy");
+    std::os::unix::fs::symlink(nvcc.parent().unwrap().parent().unwrap(), t.path("cu")).unwrap();
+    std::os::unix::fs::symlink(&venv, t.path("venv")).unwrap();
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_NVCC", "cu/bin/nvcc")
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        json(&o)["toolchain"]["nvcc_version"],
+        "13.0.88",
+        "{}",
+        stderr(&o)
+    );
+    let o = without_toolchain(t.cmd())
+        .env("FLASHGEN_PYTHON", "venv/bin/python")
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let tc = &json(&o)["toolchain"];
+    assert_eq!(tc["nvcc_version"], "13.0.88", "{tc}");
+}

@@ -948,3 +948,209 @@ fn declared_args_must_carry_every_axis() {
         "{err}"
     );
 }
+
+// ---- variant parameters never shadow a core field ------------------------------------------
+
+/// The repository's own matrix (the modules declare their C ABI there).
+fn real_describe() -> Value {
+    let o = Command::cargo_bin("flashgen")
+        .unwrap()
+        .args(["--config"])
+        .arg(repo().join("variants.json"))
+        .args(["describe", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The data members of every `struct ...Params : AdditionalParams` in params.cuh (a variant
+/// reads them as `params.<name>`, as it reads its own parameters).
+fn params_struct_members() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("include/flashgen/params.cuh")).unwrap();
+    let mut out = Vec::new();
+    // Brace depth inside a params struct (1: its members; more: a member function's body).
+    let mut depth = 0usize;
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap().trim();
+        if code.starts_with("struct ") && code.contains(": AdditionalParams") {
+            depth = 1;
+            continue;
+        }
+        let at = depth;
+        depth = (depth + code.matches('{').count()).saturating_sub(code.matches('}').count());
+        if at != 1
+            || code.starts_with("using ")
+            || code.contains(['(', '{', '}'])
+            || !code.ends_with(';')
+        {
+            continue;
+        }
+        // `const T* a;`, `int64_t a, b, c;`: the names follow the type's last word.
+        let decl = code.trim_end_matches(';').replace('*', " ");
+        let mut parts = decl.split(',');
+        let first = parts.next().unwrap().split_whitespace().last().unwrap();
+        out.push(first.to_string());
+        out.extend(parts.map(|p| p.trim().to_string()));
+    }
+    out
+}
+
+#[test]
+fn every_params_struct_member_is_a_reserved_parameter_name() {
+    let reserved = real_describe()["reserved_params"].clone();
+    let members = params_struct_members();
+    assert!(
+        members.len() > 40,
+        "parsed too little of params.cuh: {members:?}"
+    );
+    for m in [
+        "sm_scale",
+        "kv_len",
+        "q",
+        "o",
+        "lse",
+        "num_qo_heads",
+        "paged_kv",
+    ] {
+        assert!(
+            members.iter().any(|x| x == m),
+            "{m} not parsed: {members:?}"
+        );
+    }
+    let missing: Vec<_> = members
+        .iter()
+        .filter(|m| reserved.get(m.as_str()).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "params.cuh members that modules.<m>.args does not declare (describe's reserved_params \
+         misses them): {missing:?}"
+    );
+}
+
+#[test]
+fn a_variant_parameter_named_like_a_core_field_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mine.cuh"), "#pragma once\n").unwrap();
+    let vfile = dir.path().join("custom.json");
+    let run = |pname: &str| {
+        let vf = json!({"variants": {"mine": {"header": "mine.cuh", "struct": "Mine",
+            "params": [{"name": "bias", "type": "float"}, {"name": pname, "type": "float"}]}}});
+        std::fs::write(&vfile, vf.to_string()).unwrap();
+        Command::cargo_bin("flashgen")
+            .unwrap()
+            .arg("--config")
+            .arg(repo().join("variants.json"))
+            .arg("--variants-file")
+            .arg(&vfile)
+            .args(["list-variants", "--json", "--where", "variant=mine"])
+            .output()
+            .unwrap()
+    };
+    for name in [
+        "sm_scale",
+        "kv_len",
+        "q",
+        "o",
+        "lse",
+        "num_qo_heads",
+        "rope_theta",
+        "workspace",
+    ] {
+        let o = run(name);
+        assert_usage_error(
+            &o,
+            &[
+                "custom.json: variants.mine.params[1].name",
+                &format!("parameter `{name}` is a core field"),
+                "single_decode",
+                "rename the parameter",
+            ],
+        );
+    }
+    assert!(run("my_scale").status.success());
+    // The same in the project's variants.json.
+    let t = tempfile::tempdir().unwrap();
+    copy_dir(&repo().join("include"), &t.path().join("include"));
+    copy_dir(&repo().join("csrc"), &t.path().join("csrc"));
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo().join("variants.json")).unwrap())
+            .unwrap();
+    cfg["variants"]["soft_cap"]["params"][0]["name"] = json!("sm_scale");
+    std::fs::write(t.path().join("variants.json"), cfg.to_string()).unwrap();
+    let o = Command::cargo_bin("flashgen")
+        .unwrap()
+        .current_dir(t.path())
+        .env("FLASHGEN_CACHE_DIR", t.path().join(".cache"))
+        .env("FLASHGEN_NVCC", "/nonexistent/nvcc")
+        .args(["build", "--out", "out"])
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &o,
+        &[
+            "variants.json: variants.soft_cap.params[0].name",
+            "`sm_scale` is a core field",
+        ],
+    );
+    assert!(!t.path().join("out").exists());
+}
+
+// ---- the same refusal everywhere a value is read ---------------------------------------------
+
+#[test]
+fn an_unreadable_arch_list_is_refused_by_list_variants_as_by_build() {
+    let t = Tree::new();
+    for bad in ["9.0\u{e4}", "+9.0", "\u{669}.\u{660}", "9.0 sm_\u{b2}0"] {
+        for args in [
+            vec!["list-variants", "--arch", bad],
+            vec!["list-variants", "--json", "--arch", bad],
+            vec!["build", "--out", "out", "--arch", bad],
+        ] {
+            let o = t.run(&args);
+            assert_usage_error(&o, &["--arch", "cannot read GPU architecture"]);
+            assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+        }
+        let o = t
+            .cmd()
+            .env("FLASHGEN_CUDA_ARCH_LIST", bad)
+            .args(["list-variants"])
+            .output()
+            .unwrap();
+        assert_usage_error(&o, &["FLASHGEN_CUDA_ARCH_LIST"]);
+    }
+    // No list anywhere is not an error for a view: the column says so.
+    t.edit(|c| {
+        c.as_object_mut().unwrap().remove("archs");
+    });
+    let o = t.run(&["list-variants", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows[0]["archs"], Value::Null);
+}
+
+#[test]
+fn a_device_capability_is_ascii_digits_only() {
+    let t = Tree::new();
+    for bad in ["\u{669}.\u{660}", "\u{b2}.0", "+9.0", "9.+0", "9.0\u{e4}"] {
+        let o = t.run(&["jit", "--device-cc", bad, "--module", "toy"]);
+        assert_usage_error(
+            &o,
+            &["--device-cc", "is not a compute capability", "e.g. 9.0"],
+        );
+    }
+}
+
+#[test]
+fn the_ninja_hint_quotes_the_folder() {
+    let t = Tree::new();
+    let o = t.run(&["generate", "--ninja", "--out", "gen dir; rm -rf x"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir = t.path("gen dir; rm -rf x");
+    assert!(
+        stderr(&o).contains(&format!("ninja -C '{}'", dir.display())),
+        "{}",
+        stderr(&o)
+    );
+}

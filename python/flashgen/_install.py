@@ -61,7 +61,7 @@ def binary() -> Path:
                 f"FLASHGEN_BIN={env} is not an executable file.\n\n"
                 "Point FLASHGEN_BIN at a built flashgen binary, or unset it to use the bundled one."
             )
-        return path
+        return path.absolute()
     looked: list[str] = []
     bundled = PACKAGE_DIR / "_bin" / "flashgen"
     looked.append(str(bundled))
@@ -74,7 +74,10 @@ def binary() -> Path:
         )
     import shutil
 
-    on_path = shutil.which("flashgen")
+    # Only PATH's absolute entries: an empty or relative one (``.``) would find a ``flashgen``
+    # planted in whatever folder the program runs in (the binary drops them too).
+    absolute = [d for d in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(d)]
+    on_path = shutil.which("flashgen", path=os.pathsep.join(absolute)) if absolute else None
     looked.append("flashgen on PATH")
     if on_path:
         return Path(on_path)

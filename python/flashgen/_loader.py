@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -95,10 +96,15 @@ def device_capability(device: int | None = None) -> tuple[int, int]:
     driver's answer for ``device`` (default 0)."""
     env = os.environ.get("FLASHGEN_DEVICE_CC", "").strip()
     if env:
-        major, dot, minor = env.partition(".")
-        if not (dot and major.isdigit() and minor.isdigit()):
-            raise ValueError(f"FLASHGEN_DEVICE_CC={env!r}: write MAJOR.MINOR, e.g. 9.0")
-        return int(major), int(minor)
+        # ASCII digits only: str.isdigit() also admits "²" (which int() refuses) and other
+        # scripts' digits (which int() reads: "٩.٠" would pass for 9.0), as the binary does not.
+        match = re.fullmatch(r"([1-9][0-9]?)\.([0-9])", env)
+        if match is None:
+            raise ValueError(
+                f"FLASHGEN_DEVICE_CC={env!r} is not a compute capability: write MAJOR.MINOR in "
+                "ASCII digits, e.g. 9.0, or unset it to use the GPU's"
+            )
+        return int(match.group(1)), int(match.group(2))
     return _cuda.compute_capability(device or 0)
 
 

@@ -45,6 +45,34 @@ def _check_name(what: str, name: Any) -> None:
         raise ValueError(f"{what} {name!r} is a C/C++ keyword; pick another name")
 
 
+def _check_length(name: str) -> None:
+    """The name is part of its instances' URIs, which name files: no longer than the binary's
+    ``max_uri_bytes`` (of ``flashgen describe``), so it never ends in a raw ENAMETOOLONG."""
+    from ._install import matrix_json
+
+    limit = matrix_json().get("max_uri_bytes")
+    if isinstance(limit, int) and len(name) > limit:
+        raise ValueError(
+            f"Variant name {name[:40]!r}... is {len(name)} characters long; the instance URIs that "
+            f"hold it name files, so they are at most {limit} bytes. Choose a shorter name"
+        )
+
+
+def _check_not_core(variant: str, name: str) -> None:
+    """A parameter may not be named like a core field of a module's params struct: the kernel
+    would read its own member, never the parameter. The names are the binary's
+    (``reserved_params`` of ``flashgen describe``: each with the modules that have it)."""
+    from ._install import matrix_json
+
+    modules = matrix_json().get("reserved_params", {}).get(name)
+    if modules is not None:
+        raise ValueError(
+            f"Variant {variant!r}: parameter name {name!r} clashes with the core field {name!r} of "
+            f"the params struct of {', '.join(modules)}; the kernel would read its own {name!r}, "
+            f"never this parameter. Rename it (e.g. {variant + '_' + name!r})"
+        )
+
+
 def ctype_of(ctype: str) -> tuple[Any, str | None]:
     """(ctypes type, pointee dtype or None) for a parameter's C type, one of the binary's
     ``param_types`` (spaces and tabs are free, as the binary reads them: ``const float *``);
@@ -77,6 +105,7 @@ class Variant:
                  struct: str | None = None) -> None:
         if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
             raise ValueError(f"Variant name {name!r} must be a C identifier (letters, digits, _)")
+        _check_length(name)
         if not isinstance(source, str) or not source.strip():
             raise ValueError(f"Variant {name!r}: source must be non-empty C++ text")
         plist: list[Param] = []
@@ -88,6 +117,7 @@ class Variant:
                     f"Variant {name!r}: params must be (name, C type) pairs, got {item!r}"
                 ) from None
             _check_name(f"Variant {name!r}: parameter name", pname)
+            _check_not_core(name, pname)
             if not isinstance(ptype, str):
                 raise TypeError(f"Variant {name!r}: the C type of {pname!r} must be a string, got {ptype!r}")
             ctype_of(ptype)  # raises on a type outside the binary's table

@@ -28,7 +28,9 @@ def read_checked(path: Path, sha256: str, *, private: bool) -> bytes:
     """The bytes of ``path`` when they hash to ``sha256``. ``private``: the file must also belong
     to this user and be writable by nobody else (a cache entry; the wheel's own files are as
     trusted as its Python code, so for them only the hash is checked)."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    # No symlink is followed, and a FIFO (or device) planted in its place opens without waiting
+    # for a writer, then is refused as not a regular file.
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -36,7 +38,7 @@ def read_checked(path: Path, sha256: str, *, private: bool) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UntrustedFileError(f"{path} is not a regular file")
+            raise UntrustedFileError(f"{path} is not a regular file (mode {st.st_mode:o})")
         if private:
             if st.st_uid != os.geteuid():
                 raise UntrustedFileError(

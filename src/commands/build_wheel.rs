@@ -349,7 +349,10 @@ struct Snapshot {
 /// Every file under `dir` (sorted; caches, bytecode and dot files left out) as
 /// `prefix/<relative path>`.
 fn collect_tree(dir: &Path, prefix: &str, out: &mut Vec<Snapshot>) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    collect_tree_in(dir, dir, prefix, out)
+}
+
+fn collect_tree_in(top: &Path, dir: &Path, prefix: &str, out: &mut Vec<Snapshot>) -> Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read {}", dir.display()))?
         .collect::<std::io::Result<_>>()?;
@@ -362,11 +365,10 @@ fn collect_tree(dir: &Path, prefix: &str, out: &mut Vec<Snapshot>) -> Result<()>
         let path = e.path();
         let archive = format!("{prefix}/{name}");
         if e.file_type()?.is_dir() {
-            collect_tree(&path, &archive, out)?;
+            collect_tree_in(top, &path, &archive, out)?;
         } else {
-            let bytes =
-                std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            let executable = e.metadata()?.permissions().mode() & 0o111 != 0;
+            // No symlink out of `top`, nothing but regular files.
+            let (bytes, executable) = wheel::read_tree_file(&path, top)?;
             out.push(Snapshot {
                 path,
                 archive,

@@ -25,6 +25,13 @@ pub fn describe(matrix: &Matrix) -> Describe {
             .collect(),
         param_types: param_types::rows(),
         reserved_words: c_ident::KEYWORDS.to_vec(),
+        reserved_params: crate::matrix::core_fields(
+            matrix
+                .modules
+                .iter()
+                .map(|m| (m.name.as_str(), m.args.as_ref())),
+        ),
+        max_uri_bytes: crate::matrix::MAX_URI_LEN,
         modules: matrix
             .modules
             .iter()

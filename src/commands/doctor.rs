@@ -183,14 +183,15 @@ fn python() -> PathBuf {
         .map_or_else(|| PathBuf::from("python3"), PathBuf::from)
 }
 
-/// torch's version and CUDA version, as that Python sees them. Importing torch takes seconds;
+/// torch's version and CUDA version, as that Python sees them when run isolated (`-I`, so a
+/// torch installed only in the user's site-packages or on PYTHONPATH is not seen). Importing torch takes seconds;
 /// the probe gives up after 20 s rather than hang doctor.
 fn probe_torch() -> std::result::Result<serde_json::Value, String> {
     const CODE: &str = "import json, sys, torch; print(json.dumps({'version': torch.__version__, \
         'cuda': torch.version.cuda, 'python': sys.executable}))";
     let py = python();
     let out = run_with_timeout(
-        Command::new(&py).args(["-c", CODE]),
+        crate::toolchain::python_command(&py).args(["-c", CODE]),
         Duration::from_secs(20),
     )
     .map_err(|e| format!("not importable by {} ({e})", py.display()))?;
@@ -222,11 +223,12 @@ fn probe_gpu() -> std::result::Result<Vec<serde_json::Value>, String> {
     Ok(gpus)
 }
 
-/// Runs `cmd` (stdin closed, stderr discarded) and returns its stdout if it exits 0 within
+/// Runs `cmd` in `/` (stdin closed, stderr discarded) and returns its stdout if it exits 0 within
 /// `limit`; otherwise kills it and says why.
 fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::result::Result<String, String> {
     use std::io::Read;
     let mut child = cmd
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

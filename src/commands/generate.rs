@@ -162,7 +162,10 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
         out.display(),
         selected.len(),
         if args.ninja {
-            format!("; build with: ninja -C {}", out.display())
+            format!(
+                "; build with: ninja -C {}",
+                crate::compile::shell_quote(&out.display().to_string())
+            )
         } else {
             String::new()
         }

@@ -10,13 +10,15 @@ use crate::records::ListRow;
 pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
     let selected = args.filter.select(matrix)?;
     // The archs each instance is built for under the resolved list (none: a build skips it).
+    // A list given but unreadable is refused, as `build` refuses it; with none given at all the
+    // column says `?`.
     let archs: Vec<Option<Vec<arch::Arch>>> =
-        match arch::resolve(args.arch.as_deref(), &matrix.archs) {
-            Ok((list, _)) => selected
+        match arch::resolve_given(args.arch.as_deref(), &matrix.archs)? {
+            Some((list, _)) => selected
                 .iter()
                 .map(|i| Some(matrix.instance_archs(i, &list)))
                 .collect(),
-            Err(_) => vec![None; selected.len()],
+            None => vec![None; selected.len()],
         };
     // "cached" needs the toolchain for the keys; without one the column says so.
     let cached: Vec<Option<bool>> =

@@ -11,6 +11,7 @@ mod names;
 mod platform;
 mod policy;
 mod record;
+mod sources;
 mod writer;
 
 #[cfg(test)]
@@ -21,4 +22,5 @@ pub use error::WheelError;
 pub use metadata::{WheelMetadata, WheelTag};
 pub use names::escape_distribution_name;
 pub use platform::{platform_tag, PlatformReport};
+pub use sources::read_tree_file;
 pub use writer::{ArchiveWriter, ZipArchiveWriter};

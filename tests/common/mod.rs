@@ -166,3 +166,56 @@ pub fn build_json(t: &Tree, out: &str, extra: &[impl AsRef<std::ffi::OsStr>]) ->
     assert!(o.status.success(), "build failed:\n{}", stderr(&o));
     json(&o)
 }
+
+/// The uid of a second, unprivileged user (`flashgen-peer`, made with useradd on first use), or
+/// None when the tests do not run as root (files planted by "another user" are then our own).
+pub fn peer_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").ok()?.uid() != 0 {
+        return None;
+    }
+    let lookup = || {
+        let o = std::process::Command::new("id")
+            .args(["-u", "flashgen-peer"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u32>()
+            .ok()
+    };
+    if let Some(uid) = lookup() {
+        return Some(uid);
+    }
+    let made = std::process::Command::new("useradd")
+        .args(["--no-create-home", "--shell", "/bin/false", "flashgen-peer"])
+        .output()
+        .expect("useradd (root runs the tests: a second user is needed)");
+    // Another test may have made it meanwhile (exit 9: the name is taken).
+    assert!(
+        made.status.success() || made.status.code() == Some(9),
+        "useradd flashgen-peer: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    lookup()
+}
+
+/// Writes `files` (name, text, executable) into `dir` as the second user would: owned by
+/// [`peer_uid`] when there is one.
+pub fn plant(dir: &Path, files: &[(&str, &str, bool)]) {
+    use std::os::unix::fs::PermissionsExt;
+    let peer = peer_uid();
+    for (name, text, exe) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        if *exe {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        if let Some(uid) = peer {
+            std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+        }
+    }
+    if let Some(uid) = peer {
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+    }
+}

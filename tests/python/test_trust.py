@@ -8,6 +8,7 @@ otherwise.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -140,3 +141,216 @@ def test_loaded_bytes_are_the_checked_bytes_across_a_swap(run_py: RunPy, install
     shutil.copytree(installed, copy)
     proc = run_py(code, PYTHONPATH=str(copy), **DEVICE)
     assert proc.stdout.strip().splitlines()[-1] == "3"
+
+
+def _plant(folder: Path, marks: Path) -> None:
+    """Another user's folder (owned by the peer when we run as root): Python modules the binary's
+    Python children import by name, and programs a lookup of ``.`` on PATH would find. Each leaves
+    a marker in ``marks`` when it runs."""
+    folder.mkdir()
+    marks.mkdir()
+    for mod in ("sysconfig", "torch", "json"):
+        (folder / f"{mod}.py").write_text(f"open({str(marks / mod)!r}, 'w').write('ran')\n")
+    for prog in ("python3", "nvcc", "g++", "nvidia-smi", "flashgen"):
+        (folder / prog).write_text(f"#!/bin/sh\necho ran > '{marks / prog}'\n")
+        (folder / prog).chmod(0o755)
+    if os.geteuid() == 0:
+        uid = _peer_uid()
+        for p in [folder, *folder.iterdir()]:
+            os.chown(p, uid, uid)
+
+
+def test_a_jit_run_from_a_planted_folder_runs_none_of_it(installed: Path, build_env: dict[str, str],
+                                                          wheel_manifest: dict[str, Any], tmp_path: Path) -> None:
+    """A program whose working folder holds another user's ``sysconfig.py``: its JIT asks the
+    interpreter where its site-packages are (Debian's python keeps them outside the prefix, the
+    path taken when nvcc is found only through the Python environment); that child must not
+    import the folder's modules, nor must PATH's ``.`` find the folder's programs."""
+    folder, marks = tmp_path / "theirs", tmp_path / "marks"
+    _plant(folder, marks)
+    inst = _missing_instance(installed, wheel_manifest)
+    prog = tmp_path / "prog" / "prog.py"  # a script: its own folder, not the cwd, is on sys.path
+    prog.parent.mkdir()
+    prog.write_text(
+        "from flashgen import _loader\n"
+        "try:\n"
+        f"    _loader.load('single_decode', {inst['params']!r})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(build_env, PYTHONPATH=str(installed), FLASHGEN_CACHE_DIR=str(tmp_path / "cache"),
+               FLASHGEN_PYTHON="/usr/bin/python3", **DEVICE)
+    for var in ("FLASHGEN_NVCC", "FLASHGEN_BIN", "CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        env.pop(var, None)
+    if not Path("/usr/bin/python3").is_file():
+        pytest.skip("no /usr/bin/python3 to stand for the system interpreter")
+    for path in ("/usr/bin:/bin", ".::/usr/bin:/bin"):
+        proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                              env=dict(env, PATH=path), cwd=folder, timeout=300)
+        assert sorted(p.name for p in marks.iterdir()) == [], f"PATH={path}"
+        assert "nvcc not found" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_variant_parameter_named_like_a_core_field_is_refused(run_py: RunPy, installed: Path) -> None:
+    """The kernel reads its own ``sm_scale``, ``kv_len``, ``q`` ...: a parameter of that name
+    would be silently ignored. The names are the binary's (the shipped matrix's
+    ``reserved_params``); Python keeps no list of its own."""
+    shipped = json.loads((installed / "flashgen" / "_data" / "matrix.json").read_text())
+    names = ["sm_scale", "kv_len", "q", "o", "lse", "num_qo_heads", "rope_scale", "paged_kv"]
+    assert set(names) <= set(shipped["reserved_params"])
+    code = (
+        "import flashgen, json\n"
+        "src = 'template <typename P> struct Mine : flashgen::DefaultAttention<P> {};'\n"
+        "out = {}\n"
+        f"for name in {names!r} + ['my_scale']:\n"
+        "    try:\n"
+        "        flashgen.Variant('mine', src, params=[('bias', 'float'), (name, 'float')])\n"
+        "        out[name] = 'accepted'\n"
+        "    except ValueError as exc:\n"
+        "        out[name] = str(exc)\n"
+        "print(json.dumps(out))\n"
+    )
+    out = json.loads(run_py(code).stdout.strip().splitlines()[-1])
+    assert out.pop("my_scale") == "accepted"
+    for name, msg in out.items():
+        assert f"parameter name {name!r} clashes with the core field" in msg, msg
+        assert "single_decode" in msg or "batch_" in msg, msg
+    # The list is data: a name the shipped matrix reserves is refused, one it does not is not.
+    copy = installed.parent / "site-reserved"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(installed, copy)
+    edited = dict(shipped, reserved_params={"bias2": ["single_decode"]})
+    (copy / "flashgen" / "_data" / "matrix.json").write_text(json.dumps(edited))
+    out = json.loads(run_py(code.replace("'my_scale'", "'bias2'"), PYTHONPATH=str(copy)).stdout.strip()
+                     .splitlines()[-1])
+    assert "clashes with the core field 'bias2'" in out.pop("bias2")
+    assert set(out.values()) == {"accepted"}, out
+
+
+def _sdist_tree(tmp_path: Path) -> Path:
+    """The part of the checkout the sdist hook reads (it skips roots that are missing)."""
+    repo = Path(__file__).resolve().parents[2]
+    tree = tmp_path / "checkout"
+    tree.mkdir(parents=True)
+    for name in ("Cargo.toml", "README.md", "variants.json"):
+        shutil.copy(repo / name, tree / name)
+    for name in ("backend", "include", "csrc"):
+        shutil.copytree(repo / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+def _sdist(tree: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    code = ("import sys; sys.path.insert(0, 'backend'); import flashgen_backend as b; "
+            f"print(b.build_sdist({str(out)!r}))")
+    return subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=60)
+
+
+def test_the_sdist_packs_no_file_a_symlink_leads_to_outside_the_tree(tmp_path: Path) -> None:
+    import tarfile
+
+    secret = tmp_path / "secret"
+    secret.write_text("TOP-SECRET-BYTES\n")
+    for link in ("include/flashgen/leak.cuh", "csrc/leak.cu", "README.md"):
+        tree = _sdist_tree(tmp_path / link.replace("/", "_"))
+        (tree / link).unlink(missing_ok=True)
+        (tree / link).symlink_to(secret)
+        proc = _sdist(tree, tmp_path / "out")
+        assert proc.returncode != 0
+        assert f"{tree / link} is a symlink to {secret}, outside" in proc.stderr, proc.stderr
+        assert "packs no file from outside the tree" in proc.stderr
+        assert not list((tmp_path / "out").glob("*.tar.gz")) if (tmp_path / "out").exists() else True
+    # A symlinked folder from outside, and a FIFO (which would hang a blocking read), are refused.
+    tree = _sdist_tree(tmp_path / "dir")
+    (tree / "include" / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    proc = _sdist(tree, tmp_path / "out")
+    assert "include/elsewhere is a symlink to" in proc.stderr and proc.returncode != 0, proc.stderr
+    tree = _sdist_tree(tmp_path / "fifo")
+    os.mkfifo(tree / "include" / "pipe.cuh")
+    proc = _sdist(tree, tmp_path / "out")
+    assert "pipe.cuh is not a regular file" in proc.stderr and proc.returncode != 0, proc.stderr
+    # A link that stays inside the tree packs the file it names.
+    tree = _sdist_tree(tmp_path / "inside")
+    (tree / "include" / "flashgen" / "alias.cuh").symlink_to("params.cuh")
+    proc = _sdist(tree, tmp_path / "ok")
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tmp_path / "ok" / proc.stdout.strip().splitlines()[-1]) as tar:
+        names = tar.getnames()
+        assert any(n.endswith("include/flashgen/alias.cuh") for n in names)
+        assert not any(b"TOP-SECRET" in (tar.extractfile(m) or io.BytesIO()).read()
+                       for m in tar.getmembers() if m.isfile())
+
+
+def test_a_fifo_in_place_of_a_precompiled_kernel_is_refused_not_waited_on(
+        run_py: RunPy, installed: Path, wheel_manifest: dict[str, Any]) -> None:
+    inst = wheel_manifest["instances"][0]
+    copy = installed.parent / "site-fifo"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(installed, copy)
+    so = copy / "flashgen" / "_aot" / inst["path"]
+    so.unlink()
+    os.mkfifo(so)
+    proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False, timeout=60,
+                  PYTHONPATH=str(copy), **DEVICE)
+    assert proc.returncode != 0
+    assert f"{so} is not a regular file" in proc.stderr, proc.stderr
+    assert "Reinstall the flashgen wheel" in proc.stderr
+
+
+def test_flashgen_device_cc_takes_ascii_digits_only(run_py: RunPy) -> None:
+    bad = ["\u00b2.0", "\u0669.\u0660", "9.0\u00e4", "+9.0", "9", "0.0"]
+    code = (
+        "import json, os\nfrom flashgen import _loader\nout = {}\n"
+        f"for v in {bad!r}:\n"
+        "    os.environ['FLASHGEN_DEVICE_CC'] = v\n"
+        "    try:\n"
+        "        out[v] = repr(_loader.device_capability())\n"
+        "    except ValueError as exc:\n"
+        "        out[v] = 'ValueError: ' + str(exc)\n"
+        "print(json.dumps(out))\n"
+    )
+    out = json.loads(run_py(code).stdout.strip().splitlines()[-1])
+    for v, msg in out.items():
+        assert msg.startswith("ValueError: FLASHGEN_DEVICE_CC="), (v, msg)
+        assert "ASCII digits" in msg, msg
+
+
+def test_a_variant_name_too_long_for_a_file_name_is_a_clear_value_error(run_py: RunPy) -> None:
+    code = (
+        "import flashgen\n"
+        "src = 'template <typename P> struct Mine : flashgen::DefaultAttention<P> {};'\n"
+        "try:\n"
+        "    flashgen.Variant('v' * 1000, src)\n"
+        "except ValueError as exc:\n"
+        "    print('ValueError:', exc)\n"
+    )
+    out = run_py(code).stdout
+    assert "ValueError: Variant name" in out and "1000 characters long" in out, out
+    assert "at most 200 bytes" in out, out
+
+
+def test_the_loader_finds_no_flashgen_in_the_working_folder(installed: Path, build_env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    """Without a bundled binary (a package whose ``_bin/`` is gone), the loader looks for
+    ``flashgen`` on PATH: an empty or ``.`` entry must not find one planted in the working folder."""
+    folder, marks = tmp_path / "theirs", tmp_path / "marks"
+    _plant(folder, marks)
+    copy = tmp_path / "site-nobin"
+    shutil.copytree(installed, copy)
+    shutil.rmtree(copy / "flashgen" / "_bin")
+    prog = tmp_path / "prog" / "prog.py"
+    prog.parent.mkdir()
+    prog.write_text(
+        "import subprocess\nfrom flashgen import _install\n"
+        "try:\n"
+        "    print(subprocess.run([str(_install.binary()), '--version'], capture_output=True, text=True).stdout)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(build_env, PYTHONPATH=str(copy), PATH=".::/usr/bin:/bin")
+    env.pop("FLASHGEN_BIN", None)
+    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, env=env, cwd=folder,
+                          timeout=60)
+    assert sorted(p.name for p in marks.iterdir()) == [], proc.stdout + proc.stderr
+    assert "the flashgen binary was not found" in proc.stdout, proc.stdout + proc.stderr
