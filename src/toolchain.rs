@@ -199,7 +199,7 @@ fn find_nvcc() -> Result<(PathBuf, String)> {
     }
     Err(UsageError::new("nvcc not found (looked at FLASHGEN_NVCC, CUDA_HOME, CUDA_PATH, PATH and the active Python environment)")
         .with_hint(
-            "install the CUDA toolchain from PyPI into your environment:\n    pip install nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-nvvm==13.0.88\nor point CUDA_HOME (or FLASHGEN_NVCC) at a CUDA installation",
+            "install the compile toolchain beside an installed flashgen with its `jit` extra:\n    pip install 'flashgen[jit]'\n(the pinned CUDA 13.0 compiler from PyPI: nvidia-cuda-nvcc, -crt, -cccl and nvidia-nvvm), or point CUDA_HOME (or FLASHGEN_NVCC) at a CUDA installation",
         )
         .into())
 }

@@ -219,7 +219,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
     with tempfile.TemporaryDirectory(prefix="flashgen-variant-") as tmp:
         if variant is not None:
             cmd += ["--variants-file", str(_write_variant(variant, Path(tmp)))]
-        rec = _ask_binary([*cmd, "--no-compile"], env, what)
+        rec = _ask_binary([*cmd, "--no-compile"], env, what, compiles=False)
         if rec["source"] == "missing" and jit_enabled():
             reason = _compile_reason(inst, variant)
             log.info("compiling %s for %s: %s", rec["uri"], rec["arch"], reason)
@@ -247,14 +247,17 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
     return Loaded(rec["uri"], rec["module"], dict(rec["params"]), dict(rec["codes"]), path, source, data)
 
 
-def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
+def _ask_binary(cmd: list[str], env: dict[str, str], what: str, *, compiles: bool = True) -> dict[str, Any]:
     """Runs one ``flashgen jit`` call and returns its answer (``source``: missing, cache or
-    compiled)."""
+    compiled). A call that may compile dies with this process (``PR_SET_PDEATHSIG``); a lookup
+    needs no such hook, and without one Python starts the child by ``vfork``, not by copying
+    this process's page tables (in a process that has imported torch, a ``fork`` costs tens of
+    milliseconds: issue 24's first-call figures)."""
     import shlex
     import subprocess
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None)
+    guard = _set_pdeathsig if compiles and sys.platform.startswith("linux") else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=guard)
     if proc.returncode != 0:
         raise CompileError(
             f"{what}: `flashgen jit` exited with status {proc.returncode}.\n\n"
