@@ -1,0 +1,83 @@
+"""The release's architectures, as the loader of an installed wheel serves each GPU generation,
+without a GPU (``FLASHGEN_DEVICE_CC``) and with the JIT disabled, so nothing compiles: a wheel
+built by ``build-wheel --release`` (variants.json's ``release.archs``: sm_80 with compute_80 PTX,
+sm_90a, sm_100, sm_120) for one single_decode configuration, both backends.
+
+Each device gets the precompiled code that runs on it: Ampere and Ada the sm_80 code, Hopper the
+sm90 backend's sm_90a, Blackwell its own sm_100 or sm_120, and a generation the release does not
+name (11.0) the PTX, which its driver compiles. The instance is loaded from the verified bytes
+(its ``query`` entry point answers), which also maps the shared CUDA runtime it links.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO
+
+ONE = ["--module", "single_decode", "--where", "dtype=bf16", "--where", "head_dim=128",
+       "--where", "pos_encoding=none", "--where", "variant=default"]
+
+
+@pytest.fixture(scope="module")
+def release_site(flashgen_bin: Path, build_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("release-dist")
+    cmd = [str(flashgen_bin), "--config", str(REPO / "variants.json"), "build-wheel", "--release", "--out", str(out),
+           "--build-dir", str(tmp_path_factory.mktemp("release-build")), "--quiet", *ONE]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=build_env)
+    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stderr}"
+    site = tmp_path_factory.mktemp("release-site")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                           "--target", str(site), proc.stdout.strip()], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return site
+
+
+def _load(site: Path, build_env: dict[str, str], tmp_path: Path, cc: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import json\nfrom flashgen import _loader\n"
+        "l = _loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128, 'pos_encoding': 'none',"
+        " 'variant': 'default'})\n"
+        "l.kernels\n"  # maps the bytes (and the CUDA runtime they need) without a GPU
+        "print(json.dumps({'uri': l.uri, 'source': l.source}))\n"
+    )
+    env = dict(build_env, PYTHONPATH=str(site), FLASHGEN_DEVICE_CC=cc, FLASHGEN_DISABLE_JIT="1",
+               FLASHGEN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("FLASHGEN_BIN", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+def test_the_release_manifest_holds_every_release_target(release_site: Path) -> None:
+    manifest: dict[str, Any] = json.loads((release_site / "flashgen" / "_aot" / "manifest.json").read_text())
+    rows = {r["params"]["backend"]: r for r in manifest["instances"]}
+    assert sorted(rows) == ["portable", "sm90"]
+    assert rows["portable"]["archs"] == ["sm_80", "compute_80", "sm_90a", "sm_100", "sm_120"], rows["portable"]
+    assert rows["sm90"]["archs"] == ["sm_90a"], rows["sm90"]
+
+
+@pytest.mark.parametrize("cc, backend", [
+    ("8.0", "portable"), ("8.6", "portable"), ("8.9", "portable"),  # sm_80 code runs on 8.x
+    ("9.0", "sm90"),                                                 # Hopper takes its own backend
+    ("10.0", "portable"), ("10.3", "portable"),                      # sm_100 runs on 10.x
+    ("12.0", "portable"),                                            # sm_120
+    ("11.0", "portable"),                                            # no code of its own: the PTX
+])
+def test_each_gpu_generation_gets_precompiled_code(release_site: Path, build_env: dict[str, str], tmp_path: Path,
+                                                   cc: str, backend: str) -> None:
+    proc = _load(release_site, build_env, tmp_path, cc)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["source"] == "aot", got
+    assert got["uri"].endswith(f"_backend_{backend}"), got
+
+
+def test_a_gpu_older_than_the_release_is_told_so(release_site: Path, build_env: dict[str, str], tmp_path: Path) -> None:
+    proc = _load(release_site, build_env, tmp_path, "7.5")
+    assert proc.returncode != 0
+    assert "7.5" in proc.stderr, proc.stderr
