@@ -49,6 +49,10 @@ pub enum Command {
     /// built for a device, in the cache (verified) or compile it into the cache, and print the
     /// object's path and sha256 as JSON. Nothing is written outside the cache.
     Jit(JitArgs),
+    /// Fill the JIT cache ahead of time for a GPU: build every selected instance as the
+    /// loader's JIT would on a device of that compute capability (for a Docker image or a
+    /// cluster node); prints how many are ready.
+    Warm(WarmArgs),
 }
 
 #[derive(Debug, Args)]
@@ -198,6 +202,31 @@ pub struct JitArgs {
     #[arg(long, value_name = "2_N")]
     pub manylinux: Option<String>,
     /// Must select exactly one instance.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// The device's compute capability (MAJOR.MINOR), as for jit.
+    #[arg(long, value_name = "MAJOR.MINOR")]
+    pub device_cc: String,
+    /// Architectures to build for instead of the device's own (they must run on the device).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+    /// Parallel nvcc jobs [default: MAX_JOBS, else min(cores, available memory / 2 GiB)].
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+    /// A command to run the nvcc compile step through (as for build).
+    #[arg(long, value_name = "CMD")]
+    pub launcher: Option<String>,
+    /// The glibc target, as for jit [default: FLASHGEN_MANYLINUX, else g++].
+    #[arg(long, value_name = "2_N")]
+    pub manylinux: Option<String>,
+    /// Print only errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// The instances to warm (default: the whole matrix).
     #[command(flatten)]
     pub filter: FilterArgs,
 }

@@ -157,3 +157,68 @@ fn a_release_precompiles_every_instance_for_the_release_archs() {
     assert_eq!(widths, [64], "a plain wheel is the AOT subset");
     assert_eq!(targets, ["sm_80"]);
 }
+
+/// What `jit --no-compile` answers for `kern width=W` on a device of `cc`: (backend, source).
+fn jit_lookup(t: &Tree, cc: &str, width: &str) -> (String, String) {
+    let o = t.run(&[
+        "jit",
+        "--device-cc",
+        cc,
+        "--no-compile",
+        "--module",
+        "kern",
+        "--where",
+        &format!("width={width}"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let a = json(&o);
+    (
+        a["params"]["backend"].as_str().unwrap().to_string(),
+        a["source"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
+    if project_nvcc().is_none() {
+        panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
+    }
+    let t = Tree::new("backend");
+    assert_eq!(
+        jit_lookup(&t, "9.0", "64"),
+        ("sm90".into(), "missing".into())
+    );
+    // Hopper: each width's sm90 instance (its preferred backend), not the portable one.
+    let o = t.run(&["warm", "--device-cc", "9.0", "-j", "2", "--module", "kern"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "2", "{}", stderr(&o));
+    assert!(stderr(&o).contains("leaving out 2 of 4"), "{}", stderr(&o));
+    for width in ["32", "64"] {
+        assert_eq!(
+            jit_lookup(&t, "9.0", width),
+            ("sm90".into(), "cache".into())
+        );
+    }
+    assert_eq!(
+        jit_lookup(&t, "8.0", "64"),
+        ("portable".into(), "missing".into())
+    );
+    // Ampere takes the portable backend; a filter narrows the selection; a second warm finds
+    // everything ready and compiles nothing.
+    let o = t.run(&["warm", "--device-cc", "8.0", "--where", "width=64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        jit_lookup(&t, "8.0", "64"),
+        ("portable".into(), "cache".into())
+    );
+    assert_eq!(
+        jit_lookup(&t, "8.0", "32"),
+        ("portable".into(), "missing".into())
+    );
+    let o = t.run(&["warm", "--device-cc", "9.0", "--module", "kern"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("compiling"), "{}", stderr(&o));
+    // A compute capability that is not MAJOR.MINOR is bad input, named.
+    let o = t.run(&["warm", "--device-cc", "x.y"]);
+    assert_usage_error(&o, &["--device-cc"]);
+}

@@ -8,6 +8,7 @@ mod doctor;
 mod generate;
 mod jit;
 mod list_variants;
+mod warm;
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::BuildWheel(a) => build_wheel::run(&load()?, a),
         Command::Clean(a) => clean::run(a),
         Command::Jit(a) => jit::run(&load()?, a),
+        Command::Warm(a) => warm::run(&load()?, a),
         Command::Doctor(a) => doctor::run(&config, &cli.variants_files, a),
     }
 }
