@@ -55,6 +55,10 @@ pub struct Entry {
     /// The absolute path of the object.
     #[serde(skip)]
     pub path: PathBuf,
+    /// Its bytes were hashed against `sha256` in this process (a lookup's re-hash, an insert),
+    /// rather than trusted by their id: the record's sha256 is then known to be the bytes'.
+    #[serde(skip)]
+    pub hashed_now: bool,
 }
 
 /// What [`Cache::lookup`] found for a key.
@@ -241,6 +245,7 @@ impl Cache {
         // Same bytes, new id (a copy, touch or chmod): record it so the next lookup is cheap again.
         entry.size = id.size;
         entry.verified = Some(id);
+        entry.hashed_now = true;
         if let Ok(text) = serde_json::to_string_pretty(&entry) {
             let _ = fsutil::write_atomic(&record, text.as_bytes());
         }
@@ -382,6 +387,7 @@ impl Cache {
             size: meta.len(),
             verified: Some(FileId::of(&meta)),
             path: so,
+            hashed_now: true,
         };
         fsutil::write_atomic(&record, serde_json::to_string_pretty(&entry)?.as_bytes())?;
         Ok(entry)
