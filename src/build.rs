@@ -914,29 +914,39 @@ fn missing_entry_points(bytes: &[u8], names: &[String]) -> Result<Vec<String>, S
         .collect())
 }
 
-/// The refusal of a folder that is neither new, empty, nor flashgen's, or `None`.
+/// The refusal of a folder that is neither new, empty, nor flashgen's, or `None`. A folder that
+/// holds only a marker's temp file is a concurrent build creating it: its marker is waited for
+/// (up to a second). An `--out` that is a symlink to a folder is that folder.
 fn unclaimable(dir: &Path, flag: &str) -> Result<Option<anyhow::Error>> {
-    let meta = match std::fs::symlink_metadata(dir) {
-        Err(_) => return Ok(None),
-        Ok(m) => m,
-    };
-    if meta.is_dir() && dir.join(BUILD_MARKER).is_file() {
-        return Ok(None);
-    }
-    if !meta.is_dir() && !meta.file_type().is_symlink() {
-        return Ok(Some(
-            UsageError::new(format!("{flag} {}: it is not a folder", dir.display()))
-                .with_hint(format!("pass a new or empty folder as {flag}"))
-                .into(),
-        ));
-    }
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read {}", dir.display()))?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    if names.is_empty() {
-        return Ok(None);
+    let mut names = Vec::new();
+    for attempt in 0..50 {
+        let meta = match std::fs::metadata(dir) {
+            Err(_) => return Ok(None),
+            Ok(m) => m,
+        };
+        if !meta.is_dir() {
+            return Ok(Some(
+                UsageError::new(format!("{flag} {}: it is not a folder", dir.display()))
+                    .with_hint(format!("pass a new or empty folder as {flag}"))
+                    .into(),
+            ));
+        }
+        if dir.join(BUILD_MARKER).is_file() {
+            return Ok(None);
+        }
+        names = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect::<Vec<String>>();
+        if names.is_empty() {
+            return Ok(None);
+        }
+        if attempt < 49 && names.iter().all(|n| fsutil::is_atomic_temp(n)) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        break;
     }
     names.sort();
     let more = names.len().saturating_sub(5);

@@ -372,6 +372,10 @@ fn an_output_edited_with_its_mtime_set_back_is_rewritten() {
     let third = json(&build(&t, "out", A));
     assert_eq!(third["cached"], 1);
     assert_output_is(&t, "out", &third, &good);
+    // A link to a build folder names that folder to `build` (only `clean` refuses links).
+    std::os::unix::fs::symlink(t.path("out"), t.path("outlink")).unwrap();
+    let linked = json(&build(&t, "outlink/", A));
+    assert_eq!(linked["cached"], 1);
 }
 
 #[test]
