@@ -203,20 +203,18 @@ impl Cache {
             Ok(None) => return Lookup::Miss,
             Err(why) => return Lookup::Corrupt(why),
         };
+        if entry.key.is_empty() {
+            return Lookup::Corrupt(format!(
+                "{} names no key: written by an older flashgen, whose records did not say which instance they are",
+                record.display()
+            ));
+        }
         if entry.key != key || entry.uri != uri {
             return Lookup::Corrupt(format!(
                 "{} is the record of {} (key {}), not of {uri} (key {key})",
                 record.display(),
-                if entry.uri.is_empty() {
-                    "nothing"
-                } else {
-                    &entry.uri
-                },
-                if entry.key.is_empty() {
-                    "none"
-                } else {
-                    &entry.key
-                },
+                entry.uri,
+                entry.key,
             ));
         }
         let (mut f, meta) = match open_private(&so) {

@@ -334,6 +334,12 @@ fn a_corrupt_or_foreign_object_is_rebuilt_never_handed_out() {
     std::fs::copy(obj_b.with_extension("json"), &record).unwrap();
     rebuilt("o3");
 
+    // A record of an older flashgen, which names no key: not taken on trust either.
+    let mut old: Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    old.as_object_mut().unwrap().remove("key");
+    std::fs::write(&record, old.to_string()).unwrap();
+    rebuilt("o4");
+
     // The JIT: the same object, corrupt again, is rebuilt before its path is answered.
     flip_byte_keep_mtime(&obj_a);
     let mut args = vec!["jit", "--device-cc", "8.0", "--module", "toy"];
