@@ -33,6 +33,12 @@ in the tree during the run cannot turn a no-op into a build.
    (b) with the fake compiler on the synthetic matrix.
 4. Parallel efficiency of a cold real build: (sum of per-instance nvcc wall times / jobs) /
    flashgen wall time, from `build --json` (`compile_s`, `jobs`) and the process wall clock.
+5. What hashing costs (issue 23), after each no-op of 1a, 1b and 2: a rebuild after one source
+   file's mtime moved (the stamp no longer matches: every key is derived again, but every cache
+   object and output keeps the id it was verified with, so none is read), and a rebuild after
+   every cache object's and output's ctime moved (chmod to the same mode: every object is
+   re-hashed at lookup and again as it is handed out, and every output is hashed). Median of
+   --runs each. --trust-only runs 1a, 1b and 2 with these rows and nothing else.
 """
 
 import argparse
@@ -40,6 +46,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -270,7 +277,9 @@ class Bench:
         self.note("default matrix no-op runs (s)", " ".join(f"{x:.4f}" for x in times))
         self.add(f"no-op rebuild, default matrix ({n} inst., fake-filled cache)",
                  f"{med:.3f} s", "", "< 0.2 s", med < 0.2)
-        self.phases("default", cfg, env, out)
+        self.hashing_cost(f"default matrix ({n} inst., fake)", cfg, env, out, cache, argv)
+        if not self.args.trust_only:
+            self.phases("default", cfg, env, out)
 
     def default_aot_real(self):
         log("== 1b. default matrix AOT subset with the real nvcc: cold, then no-op")
@@ -287,6 +296,43 @@ class Bench:
         self.note("default AOT no-op runs (s)", " ".join(f"{x:.4f}" for x in times))
         self.add(f"no-op rebuild, default matrix AOT subset ({n} inst., real nvcc)",
                  f"{med:.3f} s", "", "< 0.2 s", med < 0.2)
+        self.hashing_cost(f"default AOT subset ({n} inst., real nvcc)", cfg, env, out, cache,
+                          argv + ["--quiet"])
+
+    def hashing_cost(self, label, cfg, env, out, cache, argv):
+        """Section 5: the slow path without and with re-hashing every object and output."""
+        objects = sorted((cache / "objects").rglob("*.so"))
+        outputs = sorted(out.glob("*.so"))
+        total = sum(p.stat().st_size for p in objects) + sum(p.stat().st_size for p in outputs)
+        source = next(p for p in sorted((cfg.parent / "include").rglob("*")) if p.is_file())
+        self.note(f"{label}: objects, outputs, bytes", f"{len(objects)} {len(outputs)} {total}")
+
+        def move_source_mtime():
+            st = source.stat()
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+        def move_every_ctime():
+            before = objects[0].stat().st_ctime_ns
+            for p in objects + outputs:
+                os.chmod(p, stat.S_IMODE(p.stat().st_mode))
+            assert objects[0].stat().st_ctime_ns != before, "chmod did not move the ctime"
+
+        for what, prepare in (("source mtime", move_source_mtime), ("every ctime", move_every_ctime)):
+            times = []
+            for _ in range(self.args.runs):
+                prepare()
+                times.append(self.run(argv, env)[0])
+            self.note(f"{label}: rebuild after {what} moved, runs (s)",
+                      " ".join(f"{x:.4f}" for x in times))
+            med = statistics.median(times)
+            if what == "source mtime":
+                metric = f"rebuild after a source's mtime moved (keys again, nothing re-hashed), {label}"
+            else:
+                metric = (f"rebuild after every object's and output's ctime moved (all re-hashed, "
+                          f"{total / 2**20:.1f} MiB), {label}")
+            self.add(metric, f"{med:.3f} s", "", "", True)
+        after, _ = self.median_runs(argv, env)
+        self.note(f"{label}: no-op after those (s)", f"{after:.4f}")
 
     def efficiency(self, label, s, t_process):
         jobs = s["jobs"]
@@ -331,6 +377,9 @@ class Bench:
         self.note("synthetic cold build (s)", f"{t_cold:.3f}")
         self.note("synthetic no-op runs (s)", " ".join(f"{x:.4f}" for x in times))
         self.add(f"no-op rebuild, synthetic ({n} inst.)", f"{med:.3f} s", "", "< 2 s", med < 2.0)
+        self.hashing_cost(f"synthetic ({n} inst., fake)", cfg, env, out, cache, argv)
+        if self.args.trust_only:
+            return
         self.phases("synthetic", cfg, env, out)
         self.vs_ninja(f"synthetic ({n} inst., fake compiler)", cfg, [], self.fake_nvcc, "syn")
 
@@ -445,6 +494,8 @@ def main():
     ap.add_argument("--tree", choices=["head", "worktree"], default="head",
                     help="snapshot variants.json, csrc/, include/ and the toy fixture from the "
                     "last commit (default) or the working tree")
+    ap.add_argument("--trust-only", action="store_true",
+                    help="only the no-op rows of 1a, 1b and 2, each with section 5's rows")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = ap.parse_args()
 
@@ -471,7 +522,7 @@ def main():
         if not args.skip_real:
             b.default_aot_real()
         b.synthetic()
-        if not args.skip_real:
+        if not args.skip_real and not args.trust_only:
             b.toy_vs_ninja()
         b.note("load average at end (1/5/15 min)", " ".join(f"{x:.2f}" for x in os.getloadavg()))
         table = b.table()

@@ -30,9 +30,33 @@ use crate::ui::Ui;
 /// A rough peak memory of one nvcc job on these kernels, for the default job count.
 const BYTES_PER_JOB: u64 = 2 << 30;
 
-/// The marker `build` writes into every output folder it creates or adopts; `flashgen clean`
-/// removes only folders that carry it.
+/// The marker `build` writes into every output folder it creates (or finds empty); `flashgen
+/// clean` clears only folders that carry it. It also lists every instance whose files the
+/// builds put there (`instance <uri>` lines: `<uri>.so` and `generated/<uri>/`), which is what
+/// `clean` may remove besides `manifest.json`, the stamp and flashgen's temp files.
 pub const BUILD_MARKER: &str = ".flashgen-build";
+const BUILD_MARKER_HEAD: &str = "flashgen build output: `flashgen clean` removes the files of the instances listed here, manifest.json and .flashgen-stamp, then this folder if nothing else is left\n";
+
+/// How [`Builder::ensure_cached`] hands out each object: the bytes handed out are hashed in this
+/// run and must match the cache record's sha256; an object that does not is discarded and rebuilt.
+pub enum HandOut<'a> {
+    /// The object itself (the JIT answers with its path): its bytes are hashed.
+    Object,
+    /// A copy at `<dir>/<uri>.so`, written from bytes just hashed; an output whose id and
+    /// sha256 are those the last stamp recorded (`previous`, [`stamp::previous`]) is left
+    /// unread, and one that already holds the right bytes is left as it is.
+    CopyTo {
+        dir: &'a Path,
+        previous: &'a HashMap<String, (String, String)>,
+    },
+}
+
+/// Why a hand-out failed: the object is not what its record says (discard and rebuild it), or
+/// the output could not be written.
+enum HandOutError {
+    Corrupt(String),
+    Io(anyhow::Error),
+}
 
 pub struct BuildOptions {
     pub out_dir: PathBuf,
@@ -352,20 +376,27 @@ impl<'m> Builder<'m> {
     /// looked up (record and object checked, see [`Cache::lookup`]), and each miss is compiled
     /// under the key's lock (`<cache>/locks/<key>.lock`) after looking again, so concurrent
     /// builds of one instance compile it once. A corrupt object is discarded and rebuilt. A
-    /// compiled `.so` is cached only when it exports every entry point of its module. Without
-    /// `keep_going` the first failure stops new compiles; those in flight finish and are cached.
+    /// compiled `.so` is cached only when it exports every entry point of its module. Every object
+    /// is handed out as `hand` says, from bytes hashed in this run; one whose bytes do not match
+    /// its record is discarded and rebuilt like a corrupt one. Without `keep_going` the first
+    /// failure stops new compiles; those in flight finish and are cached.
     pub fn ensure_cached(
         &self,
         selected: &[&'m Instance],
         gen_dir: &Path,
         jobs: usize,
         keep_going: bool,
+        hand: &HandOut,
         ui: &Ui,
     ) -> Result<CacheReport<'m>> {
         let prepared = self.prepare(selected, Some(gen_dir))?;
+        // A hit that fails its hand-out goes to `fill`, which looks again under the lock.
         let lookups: Vec<Option<Entry>> = prepared
             .par_iter()
-            .map(|p| self.cache.lookup(&p.key).hit())
+            .map(|p| {
+                let e = self.cache.lookup(&p.key, &p.inst.uri).hit()?;
+                self.hand_out(&e, p.inst, hand).ok().map(|()| e)
+            })
             .collect();
         let misses: Vec<usize> = (0..prepared.len())
             .filter(|&i| lookups[i].is_none())
@@ -395,7 +426,7 @@ impl<'m> Builder<'m> {
                         return;
                     }
                     progress.start(&p.inst.uri);
-                    match self.fill(p, &guard, &scratch, ui) {
+                    match self.fill(p, &guard, &scratch, hand, ui) {
                         Ok((entry, took)) => {
                             let outcome = match took {
                                 Some(t) => format!("{:.1}s", t.as_secs_f64()),
@@ -453,28 +484,33 @@ impl<'m> Builder<'m> {
         ui: &Ui,
     ) -> Result<BuildReport<'m>> {
         let start = Instant::now();
-        // Absolute, so that every printed nvcc command works from any folder.
-        let out_dir = std::path::absolute(&opts.out_dir)?;
+        // Absolute, so that every printed nvcc command works from any folder; `.` components and
+        // a trailing slash dropped, so that checks on the folder see what it is.
+        let out_dir = fsutil::lexical_absolute(&opts.out_dir)?;
         let stamp = stamp::compute(self.matrix, selected, &self.flags, &self.toolchain_texts());
         if opts.use_stamp {
             if let Some(report) = self.up_to_date(&out_dir, &stamp, selected, opts, start) {
                 return Ok(report);
             }
         }
-        let existed = out_dir.exists();
-        std::fs::create_dir_all(&out_dir)
-            .with_context(|| format!("cannot create the output folder {}", out_dir.display()))?;
-        mark_build_dir(&out_dir, existed)?;
+        claim_out_dir(&out_dir, "--out")?;
+        record_instances(&out_dir, selected)?;
+        let previous = stamp::previous(&out_dir);
         // From here on the outputs may change: no stamp may vouch for them until the end.
         match std::fs::remove_file(stamp::path(&out_dir)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
             _ => {}
         }
+        let hand = HandOut::CopyTo {
+            dir: &out_dir,
+            previous: &previous,
+        };
         let report = self.ensure_cached(
             selected,
             &out_dir.join("generated"),
             opts.jobs,
             opts.keep_going,
+            &hand,
             ui,
         )?;
         let built: Vec<Built> = report
@@ -490,9 +526,6 @@ impl<'m> Builder<'m> {
                 compile_time: r.compile_time,
             })
             .collect();
-        built
-            .par_iter()
-            .try_for_each(|b| place_verified(&b.entry, &b.path))?;
         self.write_manifest(&out_dir, &built)?;
         if report.failures.is_empty() && report.not_started.is_empty() {
             let mut files: Vec<stamp::Stamped> = built
@@ -557,13 +590,15 @@ impl<'m> Builder<'m> {
                 let path = out_dir.join(&r.name);
                 Some(Built {
                     inst,
-                    key: r.key,
+                    key: r.key.clone(),
                     entry: Entry {
                         uri: inst.uri.clone(),
+                        key: r.key,
                         sha256: r.sha256,
                         size: r.size,
-                        mtime_ns: 0,
+                        verified: None,
                         path: path.clone(),
+                        hashed_now: false,
                     },
                     path,
                     cached: true,
@@ -582,12 +617,14 @@ impl<'m> Builder<'m> {
     }
 
     /// Makes one missed instance present: under its lock, looks again (a concurrent build may
-    /// have stored it; `None` time then), discards a corrupt object, compiles and stores.
+    /// have stored it; `None` time then) and hands it out; discards an object that is corrupt,
+    /// another instance's, or not what its record says; compiles, stores and hands out.
     fn fill(
         &self,
         p: &Prepared,
         guard: &Guard,
         scratch: &Scratch,
+        hand: &HandOut,
         ui: &Ui,
     ) -> Result<(Entry, Option<Duration>), Failure> {
         let store = |e: anyhow::Error| Failure {
@@ -598,19 +635,67 @@ impl<'m> Builder<'m> {
             stderr: String::new(),
         };
         let _lock = self.cache.lock(&p.key).map_err(store)?;
-        match self.cache.lookup(&p.key) {
-            Lookup::Hit(e) => return Ok((e, None)),
-            Lookup::Corrupt(why) => {
-                ui.warn(format!(
-                    "rebuilding {}: cached object is corrupt ({why})",
-                    p.inst.uri
-                ));
-                self.cache.discard(&p.key).map_err(store)?;
-            }
-            Lookup::Miss => {}
+        let corrupt = match self.cache.lookup(&p.key, &p.inst.uri) {
+            Lookup::Hit(e) => match self.hand_out(&e, p.inst, hand) {
+                Ok(()) => return Ok((e, None)),
+                Err(HandOutError::Io(e)) => return Err(store(e)),
+                Err(HandOutError::Corrupt(why)) => Some(why),
+            },
+            Lookup::Corrupt(why) => Some(why),
+            Lookup::Miss => None,
+        };
+        if let Some(why) = corrupt {
+            ui.warn(format!(
+                "rebuilding {}: cached object is corrupt ({why})",
+                p.inst.uri
+            ));
+            self.cache.discard(&p.key).map_err(store)?;
         }
-        self.compile_one(p, guard, scratch)
-            .map(|(e, t)| (e, Some(t)))
+        let (e, took) = self.compile_one(p, guard, scratch)?;
+        match self.hand_out(&e, p.inst, hand) {
+            Ok(()) => Ok((e, Some(took))),
+            Err(HandOutError::Io(e)) => Err(store(e)),
+            Err(HandOutError::Corrupt(why)) => Err(store(anyhow::anyhow!(
+                "the object just stored does not match its record: {why}"
+            ))),
+        }
+    }
+
+    /// Hands out the object `e` of `inst` (see [`HandOut`]).
+    fn hand_out(&self, e: &Entry, inst: &Instance, hand: &HandOut) -> Result<(), HandOutError> {
+        let (dir, previous) = match hand {
+            HandOut::Object => {
+                return self
+                    .cache
+                    .read_verified(e)
+                    .map(drop)
+                    .map_err(HandOutError::Corrupt)
+            }
+            HandOut::CopyTo { dir, previous } => (dir, previous),
+        };
+        let name = format!("{}.so", inst.uri);
+        let dst = dir.join(&name);
+        let now = fsutil::FileId::of_path(&dst);
+        // Unchanged since the last build hashed or wrote it, and the record still names its bytes.
+        if let (Some((id, sha)), Some(now)) = (previous.get(&name), now) {
+            if *sha == e.sha256 && now.word() == *id {
+                return Ok(());
+            }
+        }
+        // An output that already holds the object's bytes is kept (its mtime too). When this run
+        // hashed the object, its record's sha256 is the bytes' and the output is compared with
+        // that; otherwise the object is read and hashed first, and the output compared with it.
+        let holds = |want: &dyn Fn(&[u8]) -> bool| {
+            now.is_some_and(|m| m.size == e.size) && std::fs::read(&dst).is_ok_and(|old| want(&old))
+        };
+        if e.hashed_now && holds(&|old| fsutil::sha256_bytes(old) == e.sha256) {
+            return Ok(());
+        }
+        let bytes = self.cache.read_verified(e).map_err(HandOutError::Corrupt)?;
+        if holds(&|old| old == bytes.as_slice()) {
+            return Ok(());
+        }
+        fsutil::place_bytes(&bytes, &dst).map_err(HandOutError::Io)
     }
 
     /// Compiles one instance in two steps (see `compile.rs`), both in the guard's process group
@@ -808,17 +893,6 @@ pub fn search_dirs(matrix: &Matrix) -> Vec<PathBuf> {
     dirs
 }
 
-/// Puts a copy of the cache object `entry` at `dst`, unless `dst` already holds exactly its
-/// bytes (checked by sha256: an edited output with the old size and mtime is still replaced).
-fn place_verified(entry: &Entry, dst: &Path) -> Result<()> {
-    let same = std::fs::symlink_metadata(dst).is_ok_and(|m| m.is_file() && m.len() == entry.size)
-        && fsutil::sha256_file(dst).is_ok_and(|sha| sha == entry.sha256);
-    if same {
-        return Ok(());
-    }
-    fsutil::place_file(&entry.path, dst)
-}
-
 /// Which of `names` the ELF shared object `bytes` does not export as defined dynamic symbols
 /// of default visibility; an error when it is not an ELF file.
 fn missing_entry_points(bytes: &[u8], names: &[String]) -> Result<Vec<String>, String> {
@@ -842,38 +916,164 @@ fn missing_entry_points(bytes: &[u8], names: &[String]) -> Result<Vec<String>, S
         .collect())
 }
 
-/// Writes the build marker into `dir` when the build created it or it holds only what a build
-/// writes there (an output folder of an older flashgen); a folder with other files stays
-/// unmarked, so `flashgen clean` never removes, say, a source tree passed as `--out`.
-fn mark_build_dir(dir: &Path, existed: bool) -> Result<()> {
-    let marker = dir.join(BUILD_MARKER);
-    if marker.is_file() {
-        return Ok(());
-    }
-    let ours = |name: &str| {
-        name == BUILD_MARKER
-            || name == "manifest.json"
-            || name == "generated"
-            || name == ".flashgen-stamp"
-            || crate::fsutil::is_atomic_temp(name)
-            || name.ends_with(".so")
-    };
-    let adopt = !existed
-        || std::fs::read_dir(dir)
+/// The refusal of a folder that is neither new, empty, nor flashgen's, or `None`. A folder that
+/// holds only a marker's temp file is a concurrent build creating it: its marker is waited for
+/// (up to a second). An `--out` that is a symlink to a folder is that folder.
+fn unclaimable(dir: &Path, flag: &str) -> Result<Option<anyhow::Error>> {
+    let mut names = Vec::new();
+    for attempt in 0..50 {
+        let meta = match std::fs::metadata(dir) {
+            Err(_) => return Ok(None),
+            Ok(m) => m,
+        };
+        if !meta.is_dir() {
+            return Ok(Some(
+                UsageError::new(format!("{flag} {}: it is not a folder", dir.display()))
+                    .with_hint(format!("pass a new or empty folder as {flag}"))
+                    .into(),
+            ));
+        }
+        if dir.join(BUILD_MARKER).is_file() {
+            return Ok(None);
+        }
+        names = std::fs::read_dir(dir)
             .with_context(|| format!("cannot read {}", dir.display()))?
             .flatten()
-            .all(|e| ours(&e.file_name().to_string_lossy()));
-    if adopt {
-        fsutil::write_atomic(
-            &marker,
-            b"flashgen build output: `flashgen clean` may remove this folder\n",
-        )?;
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect::<Vec<String>>();
+        if names.is_empty() {
+            return Ok(None);
+        }
+        if attempt < 49 && names.iter().all(|n| fsutil::is_atomic_temp(n)) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        break;
+    }
+    names.sort();
+    let more = names.len().saturating_sub(5);
+    names.truncate(5);
+    Ok(Some(
+        UsageError::new(format!(
+            "{flag} {}: not a flashgen build folder (no {BUILD_MARKER}), and not empty ({}{}); flashgen writes only into a folder it created, so that `flashgen clean` never deletes anyone's files",
+            dir.display(),
+            names.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        ))
+        .with_hint(format!(
+            "pass a new or empty folder as {flag} (flashgen creates it), or move the files out of {}",
+            dir.display()
+        ))
+        .into(),
+    ))
+}
+
+/// Refuses (exit 2) an output folder a build would not claim (see [`claim_out_dir`]), before
+/// anything is built or written.
+pub fn check_out_claimable(dir: &Path, flag: &str) -> Result<()> {
+    match unclaimable(&fsutil::lexical_absolute(dir)?, flag)? {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Makes `dir` a build folder: created and marked when it does not exist, marked when it is
+/// empty, kept when it carries the marker; anything else is refused (exit 2), whatever it
+/// holds, so that `flashgen clean` never meets files flashgen did not make.
+pub fn claim_out_dir(dir: &Path, flag: &str) -> Result<()> {
+    if let Some(e) = unclaimable(dir, flag)? {
+        return Err(e);
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output folder {}", dir.display()))?;
+    let marker = dir.join(BUILD_MARKER);
+    if !marker.is_file() {
+        fsutil::write_atomic(&marker, BUILD_MARKER_HEAD.as_bytes())?;
     }
     Ok(())
 }
 
-/// Whether `dir` is a real folder (not a symlink) that carries the build marker.
+/// The instances the build marker of `dir` lists.
+fn recorded_instances(dir: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string(dir.join(BUILD_MARKER))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("instance "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Adds `selected` to the instances the marker lists, before any of their files is written.
+fn record_instances(dir: &Path, selected: &[&Instance]) -> Result<()> {
+    let mut known = recorded_instances(dir);
+    let before = known.len();
+    known.extend(selected.iter().map(|i| i.uri.clone()));
+    if known.len() == before {
+        return Ok(());
+    }
+    let mut text = BUILD_MARKER_HEAD.to_string();
+    for uri in &known {
+        text.push_str(&format!("instance {uri}\n"));
+    }
+    fsutil::write_atomic(&dir.join(BUILD_MARKER), text.as_bytes())
+}
+
+/// Whether `dir` (already made absolute and lexical, see [`fsutil::lexical_absolute`]) is a real
+/// folder (not a symlink) that carries the build marker.
 pub fn is_build_dir(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
         && std::fs::symlink_metadata(dir.join(BUILD_MARKER)).is_ok_and(|m| m.is_file())
+}
+
+/// What `flashgen clean` removes from the build folder `dir` (see [`is_build_dir`]): the files of
+/// the instances its marker lists (and those its manifest and stamp name: folders of older
+/// flashgen releases list none), `manifest.json`, the stamp and flashgen's `.tmp-*` files, each
+/// only when this user owns it; `generated/`, the marker and `dir` last, once nothing else is
+/// left. Anything else is kept. True when `dir` is gone (or would be).
+pub fn remove_own_outputs(dir: &Path, sweep: &mut fsutil::Sweep) -> Result<bool> {
+    use fsutil::Own;
+    let mut uris = recorded_instances(dir);
+    uris.extend(
+        stamp::previous(dir)
+            .into_keys()
+            .filter_map(|n| n.strip_suffix(".so").map(str::to_string)),
+    );
+    if let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) {
+        if let Ok(m) = serde_json::from_str::<Manifest>(&text) {
+            uris.extend(
+                m.instances
+                    .iter()
+                    .filter_map(|r| r.path.strip_suffix(".so").map(str::to_string)),
+            );
+        }
+    }
+    // Plain names only: a listed `..` or `a/b` names nothing of ours.
+    uris.retain(|u| !u.is_empty() && !u.starts_with('.') && !u.contains('/'));
+    let temp = |n: &str| fsutil::is_atomic_temp(n);
+    let header = |n: &str| {
+        if n == codegen::HEADER_NAME || temp(n) {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let generated = |n: &str| {
+        if uris.contains(n) {
+            Own::Dir(&header)
+        } else if temp(n) {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let root = |n: &str| {
+        let output = n.strip_suffix(".so").is_some_and(|u| uris.contains(u));
+        match n {
+            "generated" => Own::Dir(&generated),
+            "manifest.json" | ".flashgen-stamp" => Own::File,
+            n if output || temp(n) => Own::File,
+            _ => Own::No,
+        }
+    };
+    sweep.clear(dir, &root, Some(BUILD_MARKER))
 }

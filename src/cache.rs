@@ -1,12 +1,15 @@
 //! The content-addressed build cache shared by `build`, `build-wheel` and the runtime JIT.
 //!
-//! `<cache>/objects/<key[..2]>/<key>.so` beside `<key>.json` (its sha256, size and mtime). An
+//! `<cache>/objects/<key[..2]>/<key>.so` beside `<key>.json` (the instance's URI and key, the
+//! object's sha256, size, and the id of the file when its bytes last hashed to that sha256). An
 //! entry is published by renaming a finished file into place, so a killed build leaves at most a
 //! stray folder under `<cache>/tmp`, never a `.so` that a later run trusts.
 //!
 //! Nothing in the cache is trusted because it is there: [`Cache::open`] refuses a root that
-//! someone else could write to, and [`Cache::lookup`] hands out an object only when it is a
-//! regular file we own that no one else can write and whose bytes match its record.
+//! someone else could write to, or that flashgen did not create (no marker, not empty);
+//! [`Cache::lookup`] finds an object only when it is a regular file we own that no one else can
+//! write, whose record names the same instance and whose bytes match the record; and whoever hands
+//! an object out ([`Cache::read_verified`]) hashes the bytes it hands out.
 
 use std::fs::File;
 use std::io::Read;
@@ -17,7 +20,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::error::UsageError;
-use crate::fsutil::{self, mtime_ns};
+use crate::fsutil::{self, FileId};
 
 /// The marker that makes a folder a flashgen cache (<https://bford.info/cachedir/>): backup
 /// tools skip it, and `flashgen clean --cache` removes only a folder that carries it.
@@ -27,8 +30,8 @@ const MARKER_TEXT: &str = "Signature: 8a477f597d28d172789f06886806bc55\n\
 # This file is a cache directory tag created by flashgen (CUDA kernel build cache).\n\
 # For information about cache directory tags, see https://bford.info/cachedir/\n";
 
-/// Every name flashgen creates at the cache root; a folder holding anything else is not ours.
-const OWN_NAMES: &[&str] = &["objects", "tmp", "locks", "toolchain", "jit", MARKER];
+/// The prefix of the private folders [`Cache::compile_dir`] makes under `<cache>/tmp`.
+const TEMP_PREFIX: &str = "nvcc-";
 
 pub struct Cache {
     pub dir: PathBuf,
@@ -38,15 +41,24 @@ pub struct Cache {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
     pub uri: String,
+    /// The cache key (the instance's fingerprint) the object was stored under; a record under
+    /// another key (copied, or written by an older flashgen) is not this instance's.
+    #[serde(default)]
+    pub key: String,
     pub sha256: String,
     pub size: u64,
-    /// The object's mtime (ns since the epoch) when it was recorded: with the size, what lets a
-    /// lookup trust the object without re-hashing it.
+    /// The object's device, inode, size, mtime and ctime when its bytes last hashed to `sha256`:
+    /// while the object still has this id, a lookup trusts it without re-hashing (the ctime
+    /// cannot be set back, so an edit always changes the id).
     #[serde(default)]
-    pub mtime_ns: i64,
+    pub verified: Option<FileId>,
     /// The absolute path of the object.
     #[serde(skip)]
     pub path: PathBuf,
+    /// Its bytes were hashed against `sha256` in this process (a lookup's re-hash, an insert),
+    /// rather than trusted by their id: the record's sha256 is then known to be the bytes'.
+    #[serde(skip)]
+    pub hashed_now: bool,
 }
 
 /// What [`Cache::lookup`] found for a key.
@@ -115,41 +127,26 @@ impl Cache {
 
     /// Opens (creating it, mode 0700, if missing) and verifies the cache at `dir`: a real folder
     /// owned by this user that no one else can write, marked as a flashgen cache. An unmarked
-    /// folder is adopted only when it holds nothing flashgen would not have created.
+    /// folder is claimed (marked) only when it is empty: anything else may be someone's files.
     pub fn open(dir: PathBuf) -> Result<Cache> {
-        let dir = std::path::absolute(&dir)?;
-        let fresh = !dir.exists() && std::fs::symlink_metadata(&dir).is_err();
-        if fresh {
-            std::fs::DirBuilder::new()
+        // `link/` or `link/.` would make the OS resolve the link before the symlink check.
+        let dir = fsutil::lexical_absolute(&dir)?;
+        if std::fs::symlink_metadata(&dir).is_err() {
+            match std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&dir)
-                .with_context(|| format!("cannot create the cache folder {}", dir.display()))?;
+            {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(e).with_context(|| {
+                        format!("cannot create the cache folder {}", dir.display())
+                    })
+                }
+                _ => {}
+            }
         }
         check_private_dir(&dir)?;
-        if !Cache::is_marked(&dir) {
-            let foreign: Vec<String> = std::fs::read_dir(&dir)
-                .with_context(|| format!("cannot read the cache folder {}", dir.display()))?
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                // A concurrent flashgen that is creating this cache may be between writing its
-                // marker's temp file and renaming it: that temp file is ours too.
-                .filter(|n| !OWN_NAMES.contains(&n.as_str()) && !fsutil::is_atomic_temp(n))
-                .collect();
-            if !foreign.is_empty() {
-                let mut shown = foreign.clone();
-                shown.sort();
-                shown.truncate(5);
-                return Err(UsageError::new(format!(
-                    "{} is not a flashgen cache: it has no {MARKER} and holds other files ({})",
-                    dir.display(),
-                    shown.join(", ")
-                ))
-                .with_hint("set FLASHGEN_CACHE_DIR to an empty or new private folder")
-                .into());
-            }
-            fsutil::write_atomic(&dir.join(MARKER), MARKER_TEXT.as_bytes())?;
-        }
+        claim(&dir)?;
         let cache = Cache { dir };
         for sub in ["objects", "tmp", "locks"] {
             cache.subdir(sub)?;
@@ -183,11 +180,13 @@ impl Cache {
             .join(format!("{key}.so"))
     }
 
-    /// The entry for `key`, verified: record and object are regular files (never followed
-    /// through a symlink), owned by us and not writable by group or others, and the object has
-    /// the recorded size and mtime. Only we can write in the cache, so that match is trusted;
-    /// on a mismatch the object is re-hashed, and kept only if its sha256 is the recorded one.
-    pub fn lookup(&self, key: &str) -> Lookup {
+    /// The entry for `key`, the key of instance `uri`, checked: record and object are regular
+    /// files (never followed through a symlink), owned by us and not writable by group or others,
+    /// the record names this key and URI, and the object's bytes hash to the record's sha256 (not
+    /// re-hashed while the object keeps the id it had when they last did; a new id is recorded
+    /// after a successful re-hash). Whoever hands the object out still hashes what it hands out
+    /// ([`Cache::read_verified`]): the record itself may have been edited.
+    pub fn lookup(&self, key: &str, uri: &str) -> Lookup {
         let so = self.object(key);
         let record = so.with_extension("json");
         let mut entry: Entry = match open_private(&record) {
@@ -204,13 +203,30 @@ impl Cache {
             Ok(None) => return Lookup::Miss,
             Err(why) => return Lookup::Corrupt(why),
         };
+        if entry.key.is_empty() {
+            return Lookup::Corrupt(format!(
+                "{} names no key: written by an older flashgen, whose records did not say which instance they are",
+                record.display()
+            ));
+        }
+        if entry.key != key || entry.uri != uri {
+            return Lookup::Corrupt(format!(
+                "{} is the record of {} (key {}), not of {uri} (key {key})",
+                record.display(),
+                entry.uri,
+                entry.key,
+            ));
+        }
         let (mut f, meta) = match open_private(&so) {
             Ok(Some(x)) => x,
             Ok(None) => return Lookup::Corrupt(format!("{} is missing", so.display())),
             Err(why) => return Lookup::Corrupt(why),
         };
         entry.path = so;
-        if meta.len() == entry.size && mtime_ns(&meta) == entry.mtime_ns {
+        // The id is taken before the bytes are read: a change during the read gives the file a
+        // new id, so the next lookup hashes it again.
+        let id = FileId::of(&meta);
+        if entry.size == id.size && entry.verified == Some(id) {
             return Lookup::Hit(entry);
         }
         let sha = match fsutil::sha256_reader(&mut f) {
@@ -224,13 +240,37 @@ impl Cache {
                 entry.sha256
             ));
         }
-        // Same bytes, new mtime (a copy or touch): record it so the next lookup is cheap again.
-        entry.size = meta.len();
-        entry.mtime_ns = mtime_ns(&meta);
+        // Same bytes, new id (a copy, touch or chmod): record it so the next lookup is cheap again.
+        entry.size = id.size;
+        entry.verified = Some(id);
+        entry.hashed_now = true;
         if let Ok(text) = serde_json::to_string_pretty(&entry) {
             let _ = fsutil::write_atomic(&record, text.as_bytes());
         }
         Lookup::Hit(entry)
+    }
+
+    /// The bytes of the object `entry` (from [`Cache::lookup`] or [`Cache::insert`]) when they
+    /// hash to its sha256: what a build copies out and the JIT answers for. `Err` says why not;
+    /// the caller discards the object (under its lock) and builds it again.
+    pub fn read_verified(&self, entry: &Entry) -> Result<Vec<u8>, String> {
+        let mut f = match open_private(&entry.path) {
+            Ok(Some((f, _))) => f,
+            Ok(None) => return Err(format!("{} is missing", entry.path.display())),
+            Err(why) => return Err(why),
+        };
+        let mut bytes = Vec::with_capacity(entry.size as usize);
+        f.read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read {}: {e}", entry.path.display()))?;
+        let sha = fsutil::sha256_bytes(&bytes);
+        if sha != entry.sha256 {
+            return Err(format!(
+                "{} has sha256 {sha}, its record says {}",
+                entry.path.display(),
+                entry.sha256
+            ));
+        }
+        Ok(bytes)
     }
 
     /// Removes `key`'s record and object (after [`Lookup::Corrupt`]; call with the key locked).
@@ -266,20 +306,26 @@ impl Cache {
     }
 
     /// Removes what killed builds left under `<cache>/tmp` more than a day ago (younger ones may
-    /// belong to a build running now).
+    /// belong to a build running now): only flashgen's own temp entries (`nvcc-*` folders,
+    /// `.tmp-*` files) that this user owns. Anything else there is left alone.
     pub fn sweep_stale_temps(&self) {
         let Ok(rd) = std::fs::read_dir(self.dir.join("tmp")) else {
             return;
         };
         let day = std::time::Duration::from_secs(24 * 3600);
         for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // Not followed through a symlink: `DirEntry::metadata` is lstat's answer.
             let Ok(meta) = e.metadata() else { continue };
+            let ours = fsutil::owned_by_us(&meta)
+                && ((meta.is_dir() && name.starts_with(TEMP_PREFIX))
+                    || (meta.is_file() && fsutil::is_atomic_temp(&name)));
             let old = meta
                 .modified()
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > day);
-            if old {
+            if ours && old {
                 let _ = if meta.is_dir() {
                     std::fs::remove_dir_all(e.path())
                 } else {
@@ -294,7 +340,7 @@ impl Cache {
     pub fn compile_dir(&self, name: &str) -> Result<tempfile::TempDir> {
         let tmp = self.subdir("tmp")?;
         tempfile::Builder::new()
-            .prefix(&format!("nvcc-{name}."))
+            .prefix(&format!("{TEMP_PREFIX}{name}."))
             .tempdir_in(&tmp)
             .with_context(|| format!("cannot create a folder in {}", tmp.display()))
     }
@@ -329,16 +375,137 @@ impl Cache {
         }
         std::fs::rename(built, &so)
             .with_context(|| format!("cannot move {} to {}", built.display(), so.display()))?;
+        // The id after the rename (which may set the ctime): the bytes hashed above are these.
+        let meta = std::fs::symlink_metadata(&so)
+            .with_context(|| format!("cannot stat {}", so.display()))?;
         let entry = Entry {
             uri: uri.to_string(),
+            key: key.to_string(),
             sha256: format!("{:x}", Sha256::digest(bytes)),
             size: meta.len(),
-            mtime_ns: mtime_ns(&meta),
+            verified: Some(FileId::of(&meta)),
             path: so,
+            hashed_now: true,
         };
         fsutil::write_atomic(&record, serde_json::to_string_pretty(&entry)?.as_bytes())?;
         Ok(entry)
     }
+}
+
+/// Marks `dir` as a flashgen cache when it is empty; keeps it when it carries the marker; refuses
+/// anything else (exit 2): a folder flashgen did not create may hold someone's files, which
+/// `clean --cache` and the temp sweep must never meet. A folder holding only a marker's temp file
+/// is a concurrent flashgen creating this cache: its marker is waited for (up to a second).
+fn claim(dir: &Path) -> Result<()> {
+    for attempt in 0..50 {
+        if Cache::is_marked(dir) {
+            return Ok(());
+        }
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read the cache folder {}", dir.display()))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        if names.is_empty() {
+            return fsutil::write_atomic(&dir.join(MARKER), MARKER_TEXT.as_bytes());
+        }
+        if attempt < 49 && names.iter().all(|n| fsutil::is_atomic_temp(n)) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            continue;
+        }
+        names.sort();
+        let more = names.len().saturating_sub(5);
+        names.truncate(5);
+        return Err(UsageError::new(format!(
+            "{} is not a flashgen cache: it has no {MARKER} written by flashgen, and it is not empty ({}{}); flashgen keeps its cache only in a folder it created, so that cleaning it never deletes anyone's files",
+            dir.display(),
+            names.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        ))
+        .with_hint(format!(
+            "set FLASHGEN_CACHE_DIR to a new or empty private folder (flashgen creates it), or move the files out of {}",
+            dir.display()
+        ))
+        .into());
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// What `flashgen clean --cache` removes from the cache at `dir` (marked, see [`Cache::is_marked`]):
+/// objects and records (`objects/<2 hex>/<64 hex>.so|.json`), locks, the temp folders of builds,
+/// the toolchain memos, wrappers and objects, and `.tmp-*` files, each only when this user owns
+/// it; the marker and the folders last, once nothing else is left. Anything else is kept.
+pub fn remove_own(dir: &Path, sweep: &mut fsutil::Sweep) -> Result<bool> {
+    use fsutil::Own;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let temp = |n: &str| fsutil::is_atomic_temp(n);
+    let object = |n: &str| {
+        let ours = temp(n)
+            || n.strip_suffix(".so")
+                .or_else(|| n.strip_suffix(".json"))
+                .is_some_and(|k| hex(k, 64));
+        if ours {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let shard = |n: &str| {
+        if hex(n, 2) {
+            Own::Dir(&object)
+        } else {
+            Own::No
+        }
+    };
+    let lock = |n: &str| {
+        if temp(n) || n.strip_suffix(".lock").is_some_and(|k| hex(k, 64)) {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let tmp = |n: &str| {
+        if n.starts_with(TEMP_PREFIX) {
+            Own::Tree
+        } else if temp(n) {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let toolchain = |n: &str| {
+        // `<sha256>.json` (probe memos), `zig-cxx-<16 hex>` (the wrapper) and
+        // `zig-dso-fini-<16 hex>.{o,cpp,json}` with its `.<pid>.tmp.o` (src/manylinux.rs).
+        let fini = n.strip_prefix("zig-dso-fini-").is_some_and(|rest| {
+            let (h, ext) = rest.split_at(rest.len().min(16));
+            hex(h, 16)
+                && ([".o", ".cpp", ".json"].contains(&ext)
+                    || ext
+                        .strip_prefix('.')
+                        .and_then(|e| e.strip_suffix(".tmp.o"))
+                        .is_some_and(|pid| {
+                            !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+                        }))
+        });
+        let ours = temp(n)
+            || n.strip_suffix(".json").is_some_and(|h| hex(h, 64))
+            || n.strip_prefix("zig-cxx-").is_some_and(|h| hex(h, 16))
+            || fini;
+        if ours {
+            Own::File
+        } else {
+            Own::No
+        }
+    };
+    let root = |n: &str| match n {
+        "objects" => Own::Dir(&shard),
+        "locks" => Own::Dir(&lock),
+        "tmp" => Own::Dir(&tmp),
+        "toolchain" => Own::Dir(&toolchain),
+        n if temp(n) => Own::File,
+        _ => Own::No,
+    };
+    sweep.clear(dir, &root, Some(MARKER))
 }
 
 /// The refusal for a root that is not a private folder of ours, with the fix.
@@ -379,7 +546,7 @@ fn check_private_dir(dir: &Path) -> Result<()> {
 
 /// Opens `path` without following a symlink and checks it is a regular file we own that group
 /// and others cannot write. `Ok(None)` when it does not exist; `Err` says which check failed.
-fn open_private(path: &Path) -> Result<Option<(File, std::fs::Metadata)>, String> {
+pub(crate) fn open_private(path: &Path) -> Result<Option<(File, std::fs::Metadata)>, String> {
     let f = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)

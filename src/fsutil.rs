@@ -47,19 +47,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Places a copy of `src` at `dst` atomically (a temp file beside `dst`, then rename). A copy,
-/// never a hard link: editing or truncating an output must not reach the cache object it came
-/// from. `std::fs::copy` may still share blocks (a reflink) where the file system supports it.
-pub fn place_file(src: &Path, dst: &Path) -> Result<()> {
+/// Writes `bytes` (a cache object's, just hashed) to `dst` atomically, mode 0755 (a temp file
+/// beside `dst`, then rename). A copy, never a hard link: editing or truncating an output must
+/// not reach the cache object it came from.
+pub fn place_bytes(bytes: &[u8], dst: &Path) -> Result<()> {
     let dir = dst.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = tempfile::Builder::new()
+    let mut tmp = tempfile::Builder::new()
         .prefix(ATOMIC_TEMP_PREFIX)
         .tempfile_in(dir)
-        .with_context(|| format!("cannot create a temp file in {}", dir.display()))?
-        .into_temp_path();
-    std::fs::copy(src, &tmp)
-        .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
+        .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("cannot write {}", dst.display()))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o755))?;
     tmp.persist(dst)
         .with_context(|| format!("cannot write {}", dst.display()))?;
     Ok(())
@@ -117,4 +118,160 @@ pub fn sha256_reader(r: &mut impl std::io::Read) -> std::io::Result<String> {
 pub fn sha256_bytes(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     format!("{:x}", Sha256::digest(bytes))
+}
+
+/// `path` made absolute with its `.` components, repeated slashes and trailing slash dropped,
+/// without following any symlink: what every symlink check must look at. `link/` and `link/.`
+/// name the link's target to the OS (a trailing slash resolves it), so a check on them would
+/// see a folder where there is a link.
+pub fn lexical_absolute(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    Ok(std::path::absolute(path)?.components().collect())
+}
+
+/// What a file's verification is tied to: device, inode, size, mtime and ctime (ns). A writer
+/// can set the mtime back (`touch -d`, `os.utime`), but not the ctime, which the kernel sets to
+/// now on every change to the file's bytes or metadata; equal ids mean the bytes hashed then are
+/// the bytes there now (to the file system's timestamp granularity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl FileId {
+    pub fn of(meta: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: mtime_ns(meta),
+            ctime_ns: meta
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.ctime_nsec()),
+        }
+    }
+
+    /// The id of the file at `path` itself (a symlink is not followed).
+    pub fn of_path(path: &Path) -> Option<FileId> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| FileId::of(&m))
+    }
+
+    /// One word, `dev:ino:size:mtime:ctime`, for line-based records (the stamp).
+    pub fn word(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}",
+            self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns
+        )
+    }
+}
+
+/// Whether `meta` is something this process's user owns.
+pub fn owned_by_us(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.uid() == unsafe { libc::geteuid() }
+}
+
+/// What a folder's entry is to [`Sweep::clear`], by name: not ours, a file of ours, a folder of
+/// ours to remove whole (a temp folder flashgen made), or a folder of ours to clear by its rule.
+pub enum Own<'a> {
+    No,
+    File,
+    Tree,
+    Dir(&'a dyn Fn(&str) -> Own<'a>),
+}
+
+/// Removes only what flashgen made (`flashgen clean`): each entry a rule names as ours and this
+/// user owns, never through a symlink; anything else is kept and listed. With `dry_run` nothing
+/// is removed, and the same answers are given.
+#[derive(Default)]
+pub struct Sweep {
+    pub dry_run: bool,
+    /// Bytes removed (or that would be).
+    pub freed: u64,
+    /// Entries kept because they are not flashgen's.
+    pub kept: Vec<std::path::PathBuf>,
+}
+
+impl Sweep {
+    /// Clears `dir` by `rule`, then removes `marker` (a file in `dir`) and `dir` itself when
+    /// nothing else is left. True when `dir` is gone (or would be).
+    pub fn clear<'a>(
+        &mut self,
+        dir: &Path,
+        rule: &dyn Fn(&str) -> Own<'a>,
+        marker: Option<&str>,
+    ) -> Result<bool> {
+        let rd = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+        };
+        let mut left = false;
+        for e in rd {
+            let e = e.with_context(|| format!("cannot read {}", dir.display()))?;
+            let path = e.path();
+            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                self.kept.push(path);
+                left = true;
+                continue;
+            };
+            if marker == Some(name.as_str()) {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path)
+                .with_context(|| format!("cannot stat {}", path.display()))?;
+            let owned = owned_by_us(&meta);
+            let gone = match rule(&name) {
+                Own::File if owned && meta.is_file() => self.remove(&path, meta.len(), false)?,
+                Own::Tree if owned && meta.is_dir() => {
+                    self.remove(&path, tree_size(&path), true)?
+                }
+                // What it keeps is listed inside.
+                Own::Dir(sub) if owned && meta.is_dir() => self.clear(&path, sub, None)?,
+                _ => {
+                    self.kept.push(path);
+                    false
+                }
+            };
+            left |= !gone;
+        }
+        if left {
+            return Ok(false);
+        }
+        if let Some(m) = marker {
+            let path = dir.join(m);
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                if !(meta.is_file() && owned_by_us(&meta)) {
+                    self.kept.push(path);
+                    return Ok(false);
+                }
+                self.remove(&path, meta.len(), false)?;
+            }
+        }
+        if !self.dry_run {
+            std::fs::remove_dir(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
+        Ok(true)
+    }
+
+    fn remove(&mut self, path: &Path, size: u64, tree: bool) -> Result<bool> {
+        if !self.dry_run {
+            let r = if tree {
+                std::fs::remove_dir_all(path)
+            } else {
+                std::fs::remove_file(path)
+            };
+            r.with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+        self.freed += size;
+        Ok(true)
+    }
 }

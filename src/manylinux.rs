@@ -211,7 +211,7 @@ impl ZigHost {
                 anyhow::anyhow!("--manylinux needs a usable cache to hold its compiler wrapper")
             })?
             .join("toolchain");
-        let fini = dso_fini_object(&zig, &probe, target, &dir)?;
+        let (fini, fini_sha) = dso_fini_object(&zig, &probe, target, &dir)?;
         let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
         let includes: Vec<String> = probe
             .includes
@@ -231,12 +231,13 @@ impl ZigHost {
         ));
         write_executable(&wrapper, text.as_bytes())?;
         let identity = format!(
-            "zig {} c++ -target {} ({}); libstdc++ of {}; wrapper {}",
+            "zig {} c++ -target {} ({}); libstdc++ of {}; wrapper {}; dso-fini {}",
             probe.zig_version,
             target.zig_target(),
             probe.clang_version,
             probe.gxx_version,
             &fsutil::sha256_bytes(format!("{WRAPPER_TEMPLATE}{DSO_FINI_SOURCE}").as_bytes())[..16],
+            &fini_sha[..16],
         );
         Ok(ZigHost {
             wrapper,
@@ -247,9 +248,26 @@ impl ZigHost {
     }
 }
 
+/// The record beside a dso-fini object (`<name>.json`): its sha256 when built, and the file's id
+/// when its bytes last hashed to it (as a cache object's record, `cache.rs`).
+#[derive(Serialize, Deserialize)]
+struct FiniRecord {
+    sha256: String,
+    verified: Option<fsutil::FileId>,
+}
+
 /// `dir/zig-dso-fini-<hash>.o`, compiled from [`DSO_FINI_SOURCE`] by this zig for `target`
-/// unless it is there (named by the source, the compiler and the target; written by rename).
-fn dso_fini_object(zig: &Path, probe: &Probe, target: Glibc, dir: &Path) -> Result<PathBuf> {
+/// (named by the source, the compiler and the target; written by rename), and its sha256. It is
+/// linked into every zig-built `.so`, so it is checked like a cache object: used only when it is
+/// a regular file we own that no one else can write and its bytes hash to the sha256 recorded
+/// when it was built (not re-hashed while its id is the one recorded then); anything else is
+/// compiled again. The caller puts the sha256 into the cache key.
+fn dso_fini_object(
+    zig: &Path,
+    probe: &Probe,
+    target: Glibc,
+    dir: &Path,
+) -> Result<(PathBuf, String)> {
     let flags = ["-c", "-O2", "-fPIC"];
     let name = format!(
         "zig-dso-fini-{}",
@@ -265,8 +283,9 @@ fn dso_fini_object(zig: &Path, probe: &Probe, target: Glibc, dir: &Path) -> Resu
         )[..16]
     );
     let object = dir.join(format!("{name}.o"));
-    if object.is_file() {
-        return Ok(object);
+    let record = dir.join(format!("{name}.json"));
+    if let Some(sha) = verified_fini(&object, &record) {
+        return Ok((object, sha));
     }
     let source = format!("{name}.cpp");
     fsutil::write_if_changed(&dir.join(&source), DSO_FINI_SOURCE.as_bytes())?;
@@ -277,9 +296,50 @@ fn dso_fini_object(zig: &Path, probe: &Probe, target: Glibc, dir: &Path) -> Resu
         .args(["c++", "-target", &target.zig_target()])
         .args(flags)
         .args([source.as_str(), "-o", tmp.as_str()]))?;
+    let bytes = std::fs::read(dir.join(&tmp))
+        .with_context(|| format!("cannot read {}", dir.join(&tmp).display()))?;
+    let sha = fsutil::sha256_bytes(&bytes);
+    // Whatever the umask: a file others could write would fail the check above on every run.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join(&tmp), std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("cannot chmod {}", dir.join(&tmp).display()))?;
+    }
     std::fs::rename(dir.join(&tmp), &object)
         .with_context(|| format!("cannot write {}", object.display()))?;
-    Ok(object)
+    let verified = std::fs::symlink_metadata(&object)
+        .ok()
+        .map(|m| fsutil::FileId::of(&m))
+        .filter(|id| id.size == bytes.len() as u64);
+    let rec = FiniRecord {
+        sha256: sha.clone(),
+        verified,
+    };
+    fsutil::write_atomic(&record, serde_json::to_string(&rec)?.as_bytes())?;
+    Ok((object, sha))
+}
+
+/// The sha256 of the dso-fini `object` when it is ours and matches its `record` (see
+/// [`dso_fini_object`]); a successful re-hash records the object's new id.
+fn verified_fini(object: &Path, record: &Path) -> Option<String> {
+    use std::io::Read;
+    let (mut f, _) = crate::cache::open_private(record).ok()??;
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    let mut rec: FiniRecord = serde_json::from_str(&text).ok()?;
+    let (mut f, meta) = crate::cache::open_private(object).ok()??;
+    let id = fsutil::FileId::of(&meta);
+    if rec.verified == Some(id) {
+        return Some(rec.sha256);
+    }
+    if fsutil::sha256_reader(&mut f).ok()? != rec.sha256 {
+        return None;
+    }
+    rec.verified = Some(id);
+    if let Ok(text) = serde_json::to_string(&rec) {
+        let _ = fsutil::write_atomic(record, text.as_bytes());
+    }
+    Some(rec.sha256)
 }
 
 /// Writes the wrapper unless the same bytes are there, mode 0755. The name is the content's

@@ -1,24 +1,27 @@
-//! The no-op fast path: a stamp over everything a build reads, by file size and mtime.
+//! The no-op fast path: a stamp over everything a build reads, by file id (size, mtime, ctime).
 //!
 //! Content hashing keys the cache, but re-deriving 10,000 keys only to find nothing changed
 //! costs more than a timestamp check (which is all ninja does). After a successful build the
 //! output folder gets `.flashgen-stamp`: a hash of the config text, flags, archs, toolchain, the
-//! selected URIs and the (path, size, mtime) of every file under `csrc/` and `include/` and of
-//! user variant headers. A later build with the same stamp, whose outputs are all present, is
+//! selected URIs and the (path, inode, size, mtime, ctime) of every file under `csrc/` and
+//! `include/` and of user variant headers. A later build with the same stamp, whose outputs are all present, is
 //! done without generating, hashing or looking up anything. Any slow-path build removes the
 //! stamp before it places a file, so a killed build never leaves a stamp over mixed outputs.
 //!
-//! The stamp also lists the size and mtime (ns) of every output and of `manifest.json`, so an
-//! output edited, truncated or replaced by hand sends the next build down the slow path, which
-//! puts the cache's bytes back. Each output's line also carries its cache key and sha256, so
-//! the no-op's report comes from the stamp alone: one stat per output and no manifest to parse
-//! (which was a third of a 10,000-instance no-op).
+//! The stamp also lists the id (device, inode, size, mtime and ctime, [`FileId`]) of every output
+//! and of `manifest.json`, taken when the build wrote or hashed it, so an output edited,
+//! truncated or replaced by hand sends the next build down the slow path, which puts the
+//! cache's bytes back; setting the mtime back does not hide an edit, as the ctime moves anyway.
+//! Each output's line also carries its cache key and sha256, so the no-op's report comes from
+//! the stamp alone: one stat per output and no manifest to parse (which was a third of a
+//! 10,000-instance no-op). The slow path reads the same lines ([`previous`]): an output whose id
+//! and sha256 are unchanged is not read again.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::fsutil::mtime_ns;
+use crate::fsutil::FileId;
 
 use sha2::{Digest, Sha256};
 
@@ -39,7 +42,7 @@ pub fn compute(
     toolchain: &[&str],
 ) -> String {
     let mut h = Sha256::new();
-    h.update(concat!("flashgen-stamp-v3 ", env!("CARGO_PKG_VERSION")));
+    h.update(concat!("flashgen-stamp-v4 ", env!("CARGO_PKG_VERSION")));
     h.update(matrix.config_text.as_bytes());
     for f in flags
         .iter()
@@ -61,14 +64,8 @@ pub fn compute(
     }));
     files.sort();
     for f in files {
-        let meta = std::fs::metadata(&f).ok();
-        let mtime = meta.as_ref().and_then(|m| m.modified().ok());
-        h.update(format!(
-            "\nfile {} {:?} {:?}",
-            f.display(),
-            meta.map(|m| m.len()),
-            mtime
-        ));
+        let id = std::fs::metadata(&f).ok().map(|m| FileId::of(&m).word());
+        h.update(format!("\nfile {} {id:?}", f.display()));
     }
     format!("{:x}", h.finalize())
 }
@@ -103,8 +100,8 @@ pub struct Recorded {
     pub sha256: String,
 }
 
-/// Writes the stamp for `out_dir`: the hash line, then `size mtime_ns key sha256 name` for
-/// each file (`-` for the key and sha256 of the manifest).
+/// Writes the stamp for `out_dir`: the hash line, then `id key sha256 name` for each file (`-`
+/// for the key and sha256 of the manifest), `id` being [`FileId::word`].
 pub fn write(out_dir: &Path, stamp: &str, files: &[Stamped]) -> Result<()> {
     let mut text = format!("{stamp}\n");
     for f in files {
@@ -115,47 +112,59 @@ pub fn write(out_dir: &Path, stamp: &str, files: &[Stamped]) -> Result<()> {
             Some((k, s)) => (k.as_str(), s.as_str()),
             None => ("-", "-"),
         };
-        text.push_str(&format!(
-            "{} {} {key} {sha} {name}\n",
-            m.len(),
-            mtime_ns(&m)
-        ));
+        text.push_str(&format!("{} {key} {sha} {name}\n", FileId::of(&m).word()));
     }
     crate::fsutil::write_atomic(&path(out_dir), text.as_bytes())
 }
 
-/// When the stamp on `out_dir` is `stamp` and every file it lists is still a regular file with
-/// the recorded size and mtime: the outputs it lists (not the manifest), in the order written.
-pub fn matches(out_dir: &Path, stamp: &str) -> Option<Vec<Recorded>> {
+/// The lines of the stamp on `out_dir`, whatever its hash line: (id word, key, sha256, name).
+fn lines(out_dir: &Path) -> Option<(String, Vec<[String; 4]>)> {
     let text = std::fs::read_to_string(path(out_dir)).ok()?;
     let mut lines = text.lines();
-    if lines.next() != Some(stamp) {
+    let head = lines.next()?.to_string();
+    let rows = lines
+        .map(|line| {
+            let mut parts = line.splitn(4, ' ').map(str::to_string);
+            Some([parts.next()?, parts.next()?, parts.next()?, parts.next()?])
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((head, rows))
+}
+
+/// When the stamp on `out_dir` is `stamp` and every file it lists is still a regular file with
+/// the recorded id: the outputs it lists (not the manifest), in the order written.
+pub fn matches(out_dir: &Path, stamp: &str) -> Option<Vec<Recorded>> {
+    let (head, rows) = lines(out_dir)?;
+    if head != stamp {
         return None;
     }
     let mut outputs = Vec::new();
-    for line in lines {
-        let mut parts = line.splitn(5, ' ');
-        let (Some(size), Some(mtime), Some(key), Some(sha256), Some(name)) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return None;
-        };
-        let m = std::fs::symlink_metadata(out_dir.join(name)).ok()?;
-        if !(m.is_file() && size == m.len().to_string() && mtime == mtime_ns(&m).to_string()) {
+    for [id, key, sha256, name] in rows {
+        let now = FileId::of_path(&out_dir.join(&name))?;
+        if now.word() != id {
             return None;
         }
         if key != "-" {
             outputs.push(Recorded {
-                name: name.to_string(),
-                size: m.len(),
-                key: key.to_string(),
-                sha256: sha256.to_string(),
+                name,
+                size: now.size,
+                key,
+                sha256,
             });
         }
     }
     Some(outputs)
+}
+
+/// What the last stamp on `out_dir` recorded of each output, by file name: its id word and
+/// sha256, whatever the stamp's hash (a changed header changes the hash, not the outputs).
+pub fn previous(out_dir: &Path) -> std::collections::HashMap<String, (String, String)> {
+    lines(out_dir)
+        .map(|(_, rows)| {
+            rows.into_iter()
+                .filter(|[_, key, _, _]| key != "-")
+                .map(|[id, _, sha, name]| (name, (id, sha)))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -11,6 +11,7 @@ use crate::ui::Ui;
 pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
     let ui = Ui::new(args.compile.quiet || args.json);
     super::check_out_dir(matrix, &args.out, "--out")?;
+    crate::build::check_out_claimable(&args.out, "--out")?;
     let selected = args.compile.filter.select(matrix)?;
     let builder = super::builder(
         matrix,

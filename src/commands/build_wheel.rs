@@ -296,6 +296,7 @@ fn build_aot<'m>(
         (None, false) => None,
     };
     super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
+    crate::build::check_out_claimable(&args.build_dir, "--build-dir")?;
     let selected = filter.select(matrix)?;
     let builder = super::builder(
         matrix,

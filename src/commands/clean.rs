@@ -1,31 +1,39 @@
 //! `flashgen clean`: remove build output (and, with `--cache`, the cache), and say how much
 //! that freed.
 //!
-//! Only folders flashgen marked are removed: an output folder carries `.flashgen-build`, the
-//! cache carries flashgen's `CACHEDIR.TAG`. Anything else is skipped with the reason, so a
-//! mistyped `--out` or `FLASHGEN_CACHE_DIR=.` never deletes a source tree.
+//! Only what flashgen made goes: in an output folder that carries `.flashgen-build`, the files
+//! of the instances its marker lists, `manifest.json`, the stamp and flashgen's temp files; in a
+//! cache that carries flashgen's `CACHEDIR.TAG`, the objects, records, locks, build temp folders
+//! and toolchain files it names that way. Each must be owned by this user; nothing is followed
+//! through a symlink, and a path is taken as written only after its `.` components and trailing
+//! slash are dropped (`link/` is the link, not its target). A folder is removed once nothing
+//! else is left; anything else is kept and listed, so a mistyped `--out` or
+//! `FLASHGEN_CACHE_DIR=.` never deletes a source tree.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::build::{is_build_dir, BUILD_MARKER};
+use crate::build::{is_build_dir, remove_own_outputs, BUILD_MARKER};
 use crate::cache::{self, Cache};
 use crate::cli::CleanArgs;
-use crate::fsutil::{human_bytes, tree_size};
+use crate::fsutil::{human_bytes, lexical_absolute, Sweep};
+
+enum Target {
+    Build,
+    Cache,
+}
 
 pub fn run(args: &CleanArgs) -> Result<()> {
-    let mut targets: Vec<(PathBuf, Option<String>)> = args
-        .out
-        .iter()
-        .map(|d| {
-            let why = (!is_build_dir(d))
-                .then(|| format!("it is not a flashgen build folder (no {BUILD_MARKER} marker)"));
-            (d.clone(), why)
-        })
-        .collect();
+    let mut targets: Vec<(PathBuf, Target, Option<String>)> = Vec::new();
+    for d in &args.out {
+        let d = lexical_absolute(d)?;
+        let why = (!is_build_dir(&d))
+            .then(|| format!("it is not a flashgen build folder (no {BUILD_MARKER} marker)"));
+        targets.push((d, Target::Build, why));
+    }
     if args.cache {
-        let dir = Cache::default_dir()?;
+        let dir = lexical_absolute(&Cache::default_dir()?)?;
         let real_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
         let why = (!real_dir || !Cache::is_marked(&dir)).then(|| {
             format!(
@@ -33,10 +41,10 @@ pub fn run(args: &CleanArgs) -> Result<()> {
                 cache::MARKER
             )
         });
-        targets.push((dir, why));
+        targets.push((dir, Target::Cache, why));
     }
     let mut total = 0;
-    for (dir, why) in targets {
+    for (dir, target, why) in targets {
         if std::fs::symlink_metadata(&dir).is_err() {
             continue;
         }
@@ -47,14 +55,36 @@ pub fn run(args: &CleanArgs) -> Result<()> {
             );
             continue;
         }
-        let size = tree_size(&dir);
-        total += size;
-        if args.dry_run {
-            eprintln!("would remove {} ({})", dir.display(), human_bytes(size));
-            continue;
+        let mut sweep = Sweep {
+            dry_run: args.dry_run,
+            ..Sweep::default()
+        };
+        let gone = match target {
+            Target::Build => remove_own_outputs(&dir, &mut sweep)?,
+            Target::Cache => cache::remove_own(&dir, &mut sweep)?,
+        };
+        total += sweep.freed;
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        if gone {
+            eprintln!("{verb} {} ({})", dir.display(), human_bytes(sweep.freed));
+        } else {
+            let mut kept: Vec<String> =
+                sweep.kept.iter().map(|p| p.display().to_string()).collect();
+            kept.sort();
+            let more = kept.len().saturating_sub(5);
+            kept.truncate(5);
+            eprintln!(
+                "{verb} flashgen's files from {} ({}); kept the folder and what flashgen did not make there: {}{}",
+                dir.display(),
+                human_bytes(sweep.freed),
+                kept.join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() }
+            );
         }
-        remove(&dir)?;
-        eprintln!("removed {} ({})", dir.display(), human_bytes(size));
     }
     if args.dry_run {
         eprintln!(
@@ -65,8 +95,4 @@ pub fn run(args: &CleanArgs) -> Result<()> {
         eprintln!("freed {}", human_bytes(total));
     }
     Ok(())
-}
-
-fn remove(dir: &Path) -> Result<()> {
-    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))
 }

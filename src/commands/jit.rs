@@ -5,7 +5,8 @@
 //! Everything a JIT build depends on is decided here, by the same code as `flashgen build`: the
 //! archs for the device ([`arch::resolve_for_device`]), the cache root and its trust checks, the
 //! toolchain, the content key, the per-object lock (concurrent loaders compile an instance
-//! once). The object is never copied out of the cache, so the JIT stores each `.so` once.
+//! once). The object is never copied out of the cache, so the JIT stores each `.so` once; its
+//! bytes are hashed against the record before the path is answered (`HandOut::Object`).
 //!
 //! An instance with an arch limit (a `backend` value's or its module's `archs`) is built only
 //! for archs of that limit that run on the device; one that cannot run there is refused, naming
@@ -16,7 +17,7 @@
 use anyhow::Result;
 
 use crate::arch::{self, Arch, Capability};
-use crate::build::Builder;
+use crate::build::{Builder, HandOut};
 use crate::cache::Cache;
 use crate::cli::JitArgs;
 use crate::compile::Launcher;
@@ -172,16 +173,26 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         size: None,
     };
     let found = if args.no_compile {
+        // Nothing is built or discarded here: an object that does not hash to its record is
+        // answered as missing (the next compiling call rebuilds it).
         let prepared = builder.prepare(&[inst], None)?;
         let key = prepared[0].key.clone();
         builder
             .cache
-            .lookup(&key)
+            .lookup(&key, &inst.uri)
             .hit()
+            .filter(|e| builder.cache.read_verified(e).is_ok())
             .map(|e| (key, e, JitSource::Cache))
     } else {
         let gen = builder.cache.compile_dir(&inst.uri)?;
-        let report = builder.ensure_cached(&[inst], gen.path(), 1, false, &Ui::new(true))?;
+        let report = builder.ensure_cached(
+            &[inst],
+            gen.path(),
+            1,
+            false,
+            &HandOut::Object,
+            &Ui::new(true),
+        )?;
         if let Some(f) = report.failures.first() {
             super::build::print_failure(f);
             anyhow::bail!("the JIT could not build {}", inst.uri);

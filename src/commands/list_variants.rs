@@ -28,7 +28,12 @@ pub fn run(matrix: &Matrix, args: &ListArgs) -> Result<()> {
                 let hits: std::collections::HashMap<&str, bool> = b
                     .prepare(&buildable, None)?
                     .iter()
-                    .map(|p| (p.inst.uri.as_str(), b.cache.lookup(&p.key).hit().is_some()))
+                    .map(|p| {
+                        (
+                            p.inst.uri.as_str(),
+                            b.cache.lookup(&p.key, &p.inst.uri).hit().is_some(),
+                        )
+                    })
                     .collect();
                 selected
                     .iter()
