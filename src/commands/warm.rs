@@ -10,7 +10,7 @@
 use anyhow::Result;
 
 use crate::arch::{self, Arch, Capability};
-use crate::build::{default_jobs, Builder};
+use crate::build::{default_jobs, Builder, HandOut};
 use crate::cache::Cache;
 use crate::cli::WarmArgs;
 use crate::compile::Launcher;
@@ -92,7 +92,8 @@ pub fn run(matrix: &Matrix, args: &WarmArgs) -> Result<()> {
         let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
         builder.launcher = launcher.clone();
         let gen = builder.cache.compile_dir("warm")?;
-        let report = builder.ensure_cached(&instances, gen.path(), jobs, true, &ui)?;
+        let report =
+            builder.ensure_cached(&instances, gen.path(), jobs, true, &HandOut::Object, &ui)?;
         for f in &report.failures {
             super::build::print_failure(f);
         }
