@@ -184,17 +184,6 @@ def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
     return Loaded(inst.uri, inst.module, dict(inst.params), codes, path, "aot", data)
 
 
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
-    """Kill the binary (and with it its compiles) if the process that asked dies (Linux)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
          inst: Instance | None) -> Loaded:
     """Ask ``flashgen jit`` for the instance: first only to look it up in its verified cache;
@@ -219,7 +208,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
     with tempfile.TemporaryDirectory(prefix="flashgen-variant-") as tmp:
         if variant is not None:
             cmd += ["--variants-file", str(_write_variant(variant, Path(tmp)))]
-        rec = _ask_binary([*cmd, "--no-compile"], env, what, compiles=False)
+        rec = _ask_binary([*cmd, "--no-compile"], env, what)
         if rec["source"] == "missing" and jit_enabled():
             reason = _compile_reason(inst, variant)
             log.info("compiling %s for %s: %s", rec["uri"], rec["arch"], reason)
@@ -247,17 +236,16 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
     return Loaded(rec["uri"], rec["module"], dict(rec["params"]), dict(rec["codes"]), path, source, data)
 
 
-def _ask_binary(cmd: list[str], env: dict[str, str], what: str, *, compiles: bool = True) -> dict[str, Any]:
+def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
     """Runs one ``flashgen jit`` call and returns its answer (``source``: missing, cache or
-    compiled). A call that may compile dies with this process (``PR_SET_PDEATHSIG``); a lookup
-    needs no such hook, and without one Python starts the child by ``vfork``, not by copying
-    this process's page tables (in a process that has imported torch, a ``fork`` costs tens of
-    milliseconds: issue 24's first-call figures)."""
+    compiled). The binary dies with this process (``FLASHGEN_PARENT_PID``: it sets its own
+    parent-death signal), so no hook runs between fork and exec and Python starts it by
+    ``vfork``: a ``fork`` copies this process's page tables, tens to hundreds of milliseconds
+    in a process holding gigabytes (BENCHMARKS.md, "The release"), and is unsafe in threads."""
     import shlex
     import subprocess
 
-    guard = _set_pdeathsig if compiles and sys.platform.startswith("linux") else None
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=guard)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, FLASHGEN_PARENT_PID=str(os.getpid())))
     if proc.returncode != 0:
         raise CompileError(
             f"{what}: `flashgen jit` exited with status {proc.returncode}.\n\n"

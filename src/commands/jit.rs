@@ -134,7 +134,32 @@ fn cannot_run(matrix: &Matrix, inst: &Instance, cc: Capability) -> anyhow::Error
     .into()
 }
 
+/// The variable by which the loader names itself (its pid) to the `jit` it starts.
+pub const PARENT_PID_ENV: &str = "FLASHGEN_PARENT_PID";
+
+/// Ends this process (and with it, through the build's guard, every compile it started) when
+/// the loader that asked dies: `PR_SET_PDEATHSIG` set here, by the child itself, so the loader
+/// can start it without a hook that runs between fork and exec (which would make Python copy
+/// its whole address space instead of using vfork, and is not safe in a threaded program).
+/// Exits at once when the loader is already gone.
+fn die_with_parent() {
+    let Some(parent) = std::env::var(PARENT_PID_ENV)
+        .ok()
+        .and_then(|p| p.parse::<libc::pid_t>().ok())
+    else {
+        return;
+    };
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid take no pointers and only affect this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != parent {
+            std::process::exit(1);
+        }
+    }
+}
+
 pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
+    die_with_parent();
     let cc = Capability::parse(&args.device_cc, "--device-cc")?;
     let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
     let selected = args.filter.select(matrix)?;
