@@ -14,7 +14,6 @@ nothing; loaded instances are memoized per process.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import sys
@@ -31,9 +30,10 @@ from ._verify import UntrustedFileError, loadable_path, read_checked
 
 __all__ = ["Loaded", "load", "device_capability", "jit_enabled"]
 
-# A compile on first use takes seconds; it is logged when it starts and ends, so that a caller
-# that enables INFO for "flashgen" (or any logging setup) sees why it waits.
-log = logging.getLogger("flashgen")
+# A compile on first use takes seconds; it is logged on the "flashgen" logger when it starts and
+# ends, so that a caller that enables INFO for it (or any logging setup) sees why it waits. The
+# logger is made on the first miss: `import logging` is 4 ms of an import that serves hits only.
+LOGGER = "flashgen"
 
 
 class Loaded:
@@ -210,6 +210,9 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
             cmd += ["--variants-file", str(_write_variant(variant, Path(tmp)))]
         rec = _ask_binary([*cmd, "--no-compile"], env, what)
         if rec["source"] == "missing" and jit_enabled():
+            import logging
+
+            log = logging.getLogger(LOGGER)
             reason = _compile_reason(inst, variant)
             log.info("compiling %s for %s: %s", rec["uri"], rec["arch"], reason)
             t0 = time.perf_counter()
