@@ -80,6 +80,16 @@ pub fn runtime_soname(cuda_major: u32) -> String {
     format!("libcudart.so.{cuda_major}")
 }
 
+/// The shared runtime file of `tc`'s toolkit (`<lib>/libcudart.so.13` beside `bin/nvcc`), which
+/// `--manylinux`'s zig wrapper links by path: zig's driver takes no `-l:` form.
+pub fn runtime_library(tc: &Toolchain) -> Option<PathBuf> {
+    let name = runtime_soname(cuda_major(tc));
+    tc.lib_dirs
+        .iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.is_file())
+}
+
 /// The link flag that makes an instance need [`runtime_soname`]. By the versioned file name
 /// (`-l:`), since the PyPI runtime ships no unversioned `libcudart.so`; placed after the
 /// object by nvcc, so an `--as-needed` linker keeps it.
@@ -118,7 +128,10 @@ pub fn output_flags(
         .filter(|f| !(zig_host && **f == NO_BUILD_ID))
         .map(|s| s.to_string())
         .collect();
-    flags.push(runtime_link_flag(cuda_major));
+    // zig's driver refuses `-l:`; its wrapper links the runtime by path instead.
+    if !zig_host {
+        flags.push(runtime_link_flag(cuda_major));
+    }
     flags.extend(user_flags.iter().cloned());
     if compress {
         for flag in FATBIN_COMPRESSION {

@@ -149,13 +149,14 @@ const WRAPPER_TEMPLATE: &str = r#"#!/bin/sh
 # libc++ so the objects match a g++ build. A link (no -c, -E, -S, -M) keeps every section (zig's
 # linker would drop nvcc's device-link cubins) and takes the C++ ABI runtime from zig's static
 # libc++abi/libunwind (zig's answer to -lstdc++), so the .so loads and needs no libstdc++; and
-# links the object that finalizes the .so's exit handlers on dlclose (crtbeginS.o's part).
+# links the object that finalizes the .so's exit handlers on dlclose (crtbeginS.o's part) and
+# the shared CUDA runtime, by path (zig takes no -l:libcudart.so.N).
 link=1
 for a in "$@"; do
   case "$a" in -c|-E|-S|-M|-MM) link=0 ;; esac
 done
 if [ "$link" = 1 ]; then
-  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" @FINI@ -Wl,--no-gc-sections -nostdlib++ -lstdc++
+  exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@" @FINI@ @CUDART@ -Wl,--no-gc-sections -nostdlib++ -lstdc++
 fi
 exec @ZIG@ c++ -target @TARGET@ -nostdinc++ @INCLUDES@ "$@"
 "#;
@@ -184,14 +185,18 @@ struct Probe {
 impl ZigHost {
     /// Finds zig and g++'s libstdc++ headers, and writes the wrapper into `cache_dir/toolchain/` (a
     /// temp folder when there is no usable cache). `nvcc` is the nvcc in use: the PyPI zig is
-    /// looked for in the same Python environment as the PyPI nvcc.
+    /// looked for in the same Python environment as the PyPI nvcc. `runtime`: the shared CUDA
+    /// runtime file (`libcudart.so.13`) the wrapper links, by path, on a link, or why there is
+    /// none (reported once zig is found).
     pub fn prepare(
         target: Glibc,
         nvcc: &Path,
         gxx: &Path,
+        runtime: Result<PathBuf, UsageError>,
         cache_dir: Option<&Path>,
     ) -> Result<Self> {
         let (zig, found_by) = find_zig(nvcc)?;
+        let runtime = runtime?;
         let probe = probe(&zig, gxx, cache_dir)?;
         if !probe.zig_version.starts_with(ZIG_RELEASE) {
             return Err(UsageError::new(format!(
@@ -224,7 +229,8 @@ impl ZigHost {
             .replace("@TARGET@", &target.zig_target())
             .replace("@ZIG@", &quote(&zig))
             .replace("@INCLUDES@", &includes.join(" "))
-            .replace("@FINI@", &quote(&fini));
+            .replace("@FINI@", &quote(&fini))
+            .replace("@CUDART@", &quote(&runtime));
         let wrapper = dir.join(format!(
             "zig-cxx-{}",
             &fsutil::sha256_bytes(text.as_bytes())[..16]

@@ -152,7 +152,23 @@ impl Toolchain {
             manylinux,
         };
         if let Some(target) = manylinux {
-            let zig = ZigHost::prepare(target, &tc.nvcc, &tc.host_compiler_path, cache_dir)?;
+            let runtime = crate::compile::runtime_library(&tc).ok_or_else(|| {
+                UsageError::new(format!(
+                    "--manylinux: no {} beside {} (looked in {})",
+                    crate::compile::runtime_soname(crate::compile::cuda_major(&tc)),
+                    tc.nvcc.display(),
+                    tc.lib_dirs
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .with_hint(
+                    "install the CUDA runtime beside nvcc: pip install 'nvidia-cuda-runtime==13.*'",
+                )
+            });
+            let zig =
+                ZigHost::prepare(target, &tc.nvcc, &tc.host_compiler_path, runtime, cache_dir)?;
             // The identity replaces the g++ line in the key: it names g++ (for libstdc++) too.
             tc.host_compiler = zig.identity;
             tc.host_compiler_path = zig.wrapper;

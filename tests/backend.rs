@@ -379,7 +379,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
 
     // Each binary holds its own implementation, reached through DISPATCH_backend.
     let query = |uri: &str, codes: [i64; 2]| {
-        let lib = unsafe { libloading::Library::new(t.path(&format!("out/{uri}.so"))).unwrap() };
+        let lib = unsafe { load_instance(&t.path(&format!("out/{uri}.so"))) };
         let f: libloading::Symbol<unsafe extern "C" fn(*const i64, i64, *mut u8, i64) -> i32> =
             unsafe { lib.get(b"kern_query").unwrap() };
         let mut buf = [0u8; 128];

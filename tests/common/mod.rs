@@ -219,3 +219,34 @@ pub fn plant(dir: &Path, files: &[(&str, &str, bool)]) {
         std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
     }
 }
+
+/// The folder of the shared CUDA runtime every instance links (`libcudart.so.13`): the PyPI
+/// runtime beside the project nvcc, as `ci/requirements-cuda.txt` installs it.
+pub fn cuda_runtime_dir() -> PathBuf {
+    let nvcc = project_nvcc().expect("the project venv's nvcc (ci/setup.sh)");
+    let dir = nvcc.parent().unwrap().parent().unwrap().join("lib");
+    assert!(
+        dir.join("libcudart.so.13").is_file(),
+        "no libcudart.so.13 in {}: install ci/requirements-cuda.txt (nvidia-cuda-runtime)",
+        dir.display()
+    );
+    dir
+}
+
+/// Loads an instance `.so` as the Python loader does: the CUDA runtime it names is mapped first,
+/// globally, from the project venv; then the object.
+///
+/// # Safety
+/// Runs the object's initializers, as any dlopen does.
+pub unsafe fn load_instance(so: &Path) -> libloading::Library {
+    static RUNTIME: std::sync::OnceLock<libloading::os::unix::Library> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let path = cuda_runtime_dir().join("libcudart.so.13");
+        libloading::os::unix::Library::open(
+            Some(&path),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    });
+    libloading::Library::new(so).unwrap_or_else(|e| panic!("{}: {e}", so.display()))
+}

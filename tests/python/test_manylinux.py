@@ -90,7 +90,7 @@ def test_a_zig_wheel_records_its_target_and_requires_ziglang(zig_wheel: Path) ->
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         manifest = json.loads(zf.read("flashgen/_aot/manifest.json"))
     assert zig_wheel.name.endswith("-py3-none-manylinux_2_17_x86_64.whl")
-    assert "\nRequires-Dist: ziglang==0.13.0\n" in metadata
+    assert '\nRequires-Dist: ziglang==0.13.0; extra == "jit"\n' in metadata
     assert manifest["manylinux"] == "2_17"
     assert manifest["toolchain"]["host_compiler"].startswith("zig 0.13.0 c++ -target x86_64-linux-gnu.2.17 ")
 
