@@ -145,9 +145,10 @@ pub struct WheelArgs {
     /// Folder that receives the wheel.
     #[arg(long, value_name = "DIR", default_value = "dist")]
     pub out: PathBuf,
-    /// Where the precompiled .so files are built before packaging.
-    #[arg(long, value_name = "DIR", default_value = "build/wheel")]
-    pub build_dir: PathBuf,
+    /// Where the precompiled .so files are built before packaging [default: build/wheel; a
+    /// release: one folder per architecture under build/release].
+    #[arg(long, value_name = "DIR")]
+    pub build_dir: Option<PathBuf>,
     /// The flashgen binary to ship [default: this one].
     #[arg(long, value_name = "PATH")]
     pub binary: Option<PathBuf>,

@@ -70,6 +70,22 @@ pub struct Manifest {
     /// Which compute capabilities the build's targets run on (each row has its own).
     pub runs_on: Vec<RunsOn>,
     pub instances: Vec<BuiltRow>,
+    /// A release's core wheel: the kernel packages of its per-architecture wheels, which the
+    /// loader looks for beside the `flashgen` package (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_packages: Vec<KernelPackage>,
+}
+
+/// One per-architecture kernel wheel of a release, as its core wheel's manifest names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KernelPackage {
+    /// The core wheel's extra that installs it (`sm80`: `pip install 'flashgen[sm80]'`).
+    pub extra: String,
+    /// Its distribution (`flashgen-kernels-sm80`) and import package (`flashgen_kernels_sm80`).
+    pub distribution: String,
+    pub package: String,
+    /// The compute capabilities its code runs on.
+    pub runs_on: Vec<RunsOn>,
 }
 
 /// A `list-variants --json` row.

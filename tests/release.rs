@@ -96,8 +96,21 @@ fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_r
     assert_usage_error(&o, &["release.max_wheel_mib", "0.5"]);
 }
 
+/// A file of a wheel, as text.
+fn read_member(wheel: &Path, suffix: &str) -> String {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
+    let name = zip
+        .file_names()
+        .find(|n| n.ends_with(suffix))
+        .unwrap_or_else(|| panic!("{}: no {suffix}", wheel.display()))
+        .to_string();
+    let mut s = String::new();
+    zip.by_name(&name).unwrap().read_to_string(&mut s).unwrap();
+    s
+}
+
 #[test]
-fn a_release_precompiles_every_instance_for_the_release_archs() {
+fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     if project_nvcc().is_none() {
         panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
     }
@@ -123,7 +136,7 @@ fn a_release_precompiles_every_instance_for_the_release_archs() {
     v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 
-    let wheel = |args: &[&str]| {
+    let wheels = |args: &[&str]| -> Vec<std::path::PathBuf> {
         // An inherited arch list narrows a plain build, never a release.
         let o = t
             .cmd()
@@ -133,7 +146,7 @@ fn a_release_precompiles_every_instance_for_the_release_archs() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        manifest_of(Path::new(stdout(&o).trim()))
+        stdout(&o).lines().map(std::path::PathBuf::from).collect()
     };
     let summary = |m: &Value| {
         let widths: Vec<i64> = m["instances"]
@@ -150,12 +163,91 @@ fn a_release_precompiles_every_instance_for_the_release_archs() {
             .collect();
         (widths, targets)
     };
-    let (widths, targets) = summary(&wheel(&["--release"]));
-    assert_eq!(widths, [32, 64], "the release is the whole matrix");
-    assert_eq!(targets, ["sm_80", "compute_80", "sm_90a"]);
-    let (widths, targets) = summary(&wheel(&[]));
-    assert_eq!(widths, [64], "a plain wheel is the AOT subset");
-    assert_eq!(targets, ["sm_80"]);
+
+    let release = wheels(&["--release"]);
+    let names: Vec<String> = release
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names[0].starts_with("flashgen_kernels_sm80-0.1.0-py3-none-"),
+        "{names:?}"
+    );
+    assert!(
+        names[1].starts_with("flashgen_kernels_sm90a-0.1.0-py3-none-"),
+        "{names:?}"
+    );
+    assert!(
+        names[2].starts_with("flashgen-0.1.0-py3-none-"),
+        "{names:?}"
+    );
+    // Each kernel wheel: the whole matrix, built for its architecture alone.
+    for (wheel, package, targets) in [
+        (
+            &release[0],
+            "flashgen_kernels_sm80",
+            vec!["sm_80", "compute_80"],
+        ),
+        (&release[1], "flashgen_kernels_sm90a", vec!["sm_90a"]),
+    ] {
+        let m: Value = serde_json::from_str(&read_member(
+            wheel,
+            &format!("{package}/_aot/manifest.json"),
+        ))
+        .unwrap();
+        assert_eq!(
+            summary(&m),
+            (
+                vec![32, 64],
+                targets.iter().map(|t| t.to_string()).collect()
+            )
+        );
+        let meta = read_member(wheel, ".dist-info/METADATA");
+        assert!(
+            meta.contains("\nRequires-Dist: flashgen==0.1.0\n"),
+            "{meta}"
+        );
+    }
+    // The core: no kernels; its manifest names the kernel packages, its extras install them.
+    let core = &release[2];
+    let m: Value = serde_json::from_str(&read_member(core, "flashgen/_aot/manifest.json")).unwrap();
+    assert_eq!(m["instances"], serde_json::json!([]));
+    let packages: Vec<&str> = m["kernel_packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["package"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        packages,
+        ["flashgen_kernels_sm80", "flashgen_kernels_sm90a"]
+    );
+    let meta = read_member(core, ".dist-info/METADATA");
+    for line in [
+        "Provides-Extra: sm80",
+        "Provides-Extra: sm90a",
+        "Provides-Extra: all",
+        "Requires-Dist: flashgen-kernels-sm80==0.1.0; extra == \"sm80\"",
+        "Requires-Dist: flashgen-kernels-sm90a==0.1.0; extra == \"all\"",
+    ] {
+        assert!(meta.contains(line), "{line}: {meta}");
+    }
+    assert!(
+        !std::fs::read_dir(t.path("dist"))
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains(".tmp")),
+        "nothing half-written is left"
+    );
+
+    // Without --release and without filters, one wheel: the AOT subset for `archs`.
+    let plain = wheels(&[]);
+    assert_eq!(plain.len(), 1);
+    assert_eq!(
+        summary(&manifest_of(&plain[0])),
+        (vec![64], vec!["sm_80".to_string()])
+    );
 }
 
 /// What `jit --no-compile` answers for `kern width=W` on a device of `cc`: (backend, source).

@@ -9,13 +9,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
+use crate::arch::{self, Arch};
 use crate::build::{BuildReport, Builder};
 use crate::cli::WheelArgs;
 use crate::cuda_packages;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
-use crate::records::Manifest;
+use crate::records::{KernelPackage, Manifest};
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
 
@@ -34,8 +35,15 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         )?;
     }
     // The glibc target: the instances are built for it, the JIT builds for it (the manifest
-    // says so), and the wheel requires the zig that does it.
+    // says so), and the wheel's jit extra brings the zig that does it.
     let target = crate::manylinux::Glibc::resolve(c.manylinux.as_deref())?;
+    let binary = match &args.binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("cannot locate the running flashgen binary")?,
+    };
+    if args.release {
+        return release(matrix, args, sources, &binary, target, &ui);
+    }
     let aot = if args.no_aot {
         if c.filter.module.is_some() || !c.filter.wheres.is_empty() || c.filter.aot {
             return Err(UsageError::new(
@@ -46,39 +54,215 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         ui.status("--no-aot: a JIT-only wheel; the loader compiles every kernel on first use");
         None
     } else {
-        Some(build_aot(matrix, args, &sources, &ui)?)
+        build_aot(matrix, args, None, &sources, &ui)?
     };
-
-    let binary = match &args.binary {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().context("cannot locate the running flashgen binary")?,
-    };
-    let mut elf_files: Vec<PathBuf> = aot
+    let kernels: Vec<PathBuf> = aot
         .iter()
         .flat_map(|(_, r)| r.built.iter().map(|b| b.path.clone()))
         .collect();
-    elf_files.push(binary.clone());
-    let platform = wheel::platform_tag(&elf_files, std::env::consts::ARCH)?;
+    let manifest = match &aot {
+        Some((builder, report)) => builder.manifest(&report.built),
+        // The same manifest with nothing in it: the loader finds no precompiled kernel (and no
+        // arch it runs on) and JIT-compiles; doctor reports the empty set.
+        None => empty_manifest(target),
+    };
+    let toolchain = aot.as_ref().map(|(b, _)| &b.toolchain);
+    let mut w = core_wheel(
+        matrix,
+        &binary,
+        &kernels,
+        target,
+        requirements(toolchain, target, &[]),
+        vec![cuda_packages::JIT_EXTRA.to_string()],
+        sources,
+        &ui,
+    )?;
+    if let Some((_, report)) = &aot {
+        add_kernels(&mut w, PACKAGE, report)?;
+    }
+    add_manifest(&mut w, PACKAGE, &manifest)?;
+    let written = finish_wheel(w, matrix, args, aot.as_ref().map(|(_, r)| r), &ui)?;
+    println!("{}", written.path.display());
+    Ok(())
+}
+
+/// `--release`: one kernel wheel per release architecture (`flashgen-kernels-sm80`, ... each
+/// holding every selected instance built for that architecture alone, and its manifest), then
+/// the core wheel (loader, binary, sources; no kernels) whose manifest names them and whose
+/// extras install them (`pip install 'flashgen[sm90a]'`, `flashgen[all]`). A user downloads
+/// the code of the GPUs they run, and each wheel stays within the budget.
+fn release(
+    matrix: &Matrix,
+    args: &WheelArgs,
+    sources: Vec<Snapshot>,
+    binary: &Path,
+    target: Option<crate::manylinux::Glibc>,
+    ui: &Ui,
+) -> Result<()> {
+    let c = &args.compile;
+    let (list, from) = match &c.arch {
+        Some(a) => (a.clone(), "--arch"),
+        // Exactly the declared list: an inherited FLASHGEN_CUDA_ARCH_LIST does not narrow a release.
+        None => (
+            matrix.release.archs.join(" "),
+            "variants.json release.archs",
+        ),
+    };
+    let archs = arch::parse_list(&list, from)?;
+    // Each architecture builds the same file names: a folder of its own for each.
+    let release_root = args
+        .build_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("build/release"));
+    let mut packages = Vec::new();
+    let mut toolchain = None;
+    let mut paths = Vec::new();
+    for a in &archs {
+        let extra = kernel_extra(a);
+        let Some((builder, report)) = build_aot(
+            matrix,
+            args,
+            Some((a, &release_root.join(&extra))),
+            &sources,
+            ui,
+        )?
+        else {
+            ui.note(format!(
+                "no selected instance is built for {a}: no kernel wheel for it"
+            ));
+            continue;
+        };
+        let distribution = format!("{PACKAGE}-kernels-{extra}");
+        let package = format!("{PACKAGE}_kernels_{extra}");
+        let kernels: Vec<PathBuf> = report.built.iter().map(|b| b.path.clone()).collect();
+        let platform = platform(&kernels, target, ui)?;
+        let meta = WheelMetadata {
+            name: distribution.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            summary: format!(
+                "flashgen's precompiled kernels for {a} ({})",
+                a.targets().join(", ")
+            ),
+            requires_python: REQUIRES_PYTHON.into(),
+            license: env!("CARGO_PKG_LICENSE").into(),
+            readme: None,
+            requires_dist: vec![format!("{PACKAGE}=={}", env!("CARGO_PKG_VERSION"))],
+            provides_extra: Vec::new(),
+        };
+        let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform));
+        w.add_bytes(
+            &format!("{package}/__init__.py"),
+            format!(
+                "\"\"\"flashgen's precompiled kernels for {a}: data the flashgen loader finds \
+                 beside it (nothing to import).\"\"\"\n"
+            )
+            .into_bytes(),
+            false,
+        )?;
+        add_kernels(&mut w, &package, &report)?;
+        let manifest = builder.manifest(&report.built);
+        add_manifest(&mut w, &package, &manifest)?;
+        let written = finish_wheel(w, matrix, args, Some(&report), ui)?;
+        paths.push(written.path);
+        packages.push(KernelPackage {
+            extra,
+            distribution,
+            package,
+            runs_on: manifest.runs_on,
+        });
+        toolchain = Some(builder.toolchain.clone());
+    }
+    if packages.is_empty() {
+        bail!("the release selects no instance built for any of {list} ({from})");
+    }
+    let mut manifest = empty_manifest(target);
+    manifest.toolchain = toolchain.as_ref().map(|tc| crate::records::ToolchainRow {
+        nvcc: tc.nvcc.clone(),
+        nvcc_version: tc.nvcc_version.clone(),
+        host_compiler: tc.host_compiler.clone(),
+    });
+    let extras = std::iter::once(cuda_packages::JIT_EXTRA.to_string())
+        .chain(packages.iter().map(|p| p.extra.clone()))
+        .chain(std::iter::once(ALL_KERNELS.to_string()))
+        .collect();
+    let requires = requirements(toolchain.as_ref(), target, &packages);
+    manifest.kernel_packages = packages;
+    let mut w = core_wheel(matrix, binary, &[], target, requires, extras, sources, ui)?;
+    add_manifest(&mut w, PACKAGE, &manifest)?;
+    let written = finish_wheel(w, matrix, args, None, ui)?;
+    for p in paths.iter().chain(std::iter::once(&written.path)) {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// The extra that installs every kernel wheel of a release.
+const ALL_KERNELS: &str = "all";
+
+/// Every wheel's `Requires-Python`.
+const REQUIRES_PYTHON: &str = ">=3.9";
+
+/// The name of an architecture's kernel wheel and extra: its first target without the
+/// underscore (`8.0+PTX` -> `sm80`, `9.0a` -> `sm90a`).
+fn kernel_extra(a: &Arch) -> String {
+    a.targets()[0].replace('_', "")
+}
+
+/// The manifest of a wheel that holds no kernel.
+fn empty_manifest(target: Option<crate::manylinux::Glibc>) -> Manifest {
+    Manifest {
+        flashgen_version: env!("CARGO_PKG_VERSION").into(),
+        toolchain: None,
+        manylinux: target.map(|g| g.spelling()),
+        archs: Vec::new(),
+        runs_on: Vec::new(),
+        instances: Vec::new(),
+        kernel_packages: Vec::new(),
+    }
+}
+
+/// The platform tag `files` (and the binary, for the core wheel) need, checked against the
+/// glibc `target`.
+fn platform(files: &[PathBuf], target: Option<crate::manylinux::Glibc>, ui: &Ui) -> Result<String> {
+    let platform = wheel::platform_tag(files, std::env::consts::ARCH)?;
     for note in &platform.notes {
         ui.status(format!("platform: {note}"));
     }
     if let Some(target) = target {
         check_manylinux_target(target, &platform)?;
     }
+    Ok(platform.tag)
+}
 
+/// The `flashgen` wheel without its `_aot/`: the loader, the sources, the matrix, the binary and
+/// the console script; tagged for what `kernels` and the binary need.
+#[allow(clippy::too_many_arguments)]
+fn core_wheel(
+    matrix: &Matrix,
+    binary: &Path,
+    kernels: &[PathBuf],
+    target: Option<crate::manylinux::Glibc>,
+    requires_dist: Vec<String>,
+    provides_extra: Vec<String>,
+    sources: Vec<Snapshot>,
+    ui: &Ui,
+) -> Result<WheelBuilder> {
+    let mut elf_files = kernels.to_vec();
+    elf_files.push(binary.to_path_buf());
+    let platform = platform(&elf_files, target, ui)?;
     let readme = std::fs::read_to_string(matrix.root.join("README.md")).ok();
     let meta = WheelMetadata {
         name: PACKAGE.into(),
         version: env!("CARGO_PKG_VERSION").into(),
         summary: env!("CARGO_PKG_DESCRIPTION").into(),
-        requires_python: ">=3.9".into(),
+        requires_python: REQUIRES_PYTHON.into(),
         license: env!("CARGO_PKG_LICENSE").into(),
         readme: readme.map(|r| ("text/markdown".to_string(), r)),
-        requires_dist: requirements(aot.as_ref().map(|(b, _)| &b.toolchain), target),
-        provides_extra: vec![cuda_packages::JIT_EXTRA.to_string()],
+        requires_dist,
+        provides_extra,
     };
     // The .so files are loaded through ctypes, never as Python extensions: any CPython 3.
-    let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform.tag));
+    let mut w = WheelBuilder::new(meta, WheelTag::new("py3", "none", &platform));
     let mut python = Vec::new();
     collect_tree(
         &matrix.root.join("python").join(PACKAGE),
@@ -87,24 +271,6 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     )?;
     for f in python.into_iter().chain(sources) {
         w.add_bytes(&f.archive, f.bytes, f.executable)?;
-    }
-    match &aot {
-        Some((builder, report)) => add_aot(&mut w, builder, report)?,
-        // The same manifest with nothing in it: the loader finds no precompiled kernel (and no
-        // arch it runs on) and JIT-compiles; doctor reports the empty set.
-        None => w.add_bytes(
-            &format!("{PACKAGE}/_aot/manifest.json"),
-            serde_json::to_string_pretty(&Manifest {
-                flashgen_version: env!("CARGO_PKG_VERSION").into(),
-                toolchain: None,
-                manylinux: target.map(|g| g.spelling()),
-                archs: Vec::new(),
-                runs_on: Vec::new(),
-                instances: Vec::new(),
-            })?
-            .into_bytes(),
-            false,
-        )?,
     }
     let describe = super::describe::describe(matrix);
     w.add_bytes(
@@ -120,7 +286,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     // The binary ships once; the `flashgen` command is a console script that execs it.
     w.add_bytes(
         &format!("{PACKAGE}/_bin/flashgen"),
-        std::fs::read(&binary)?,
+        std::fs::read(binary)?,
         true,
     )?;
     w.add_bytes(
@@ -128,19 +294,30 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         format!("[console_scripts]\nflashgen = {PACKAGE}.__main__:main\n").into_bytes(),
         false,
     )?;
+    Ok(w)
+}
 
+/// Writes `w` into `--out`, measures it against the budget (an over-budget wheel is removed and
+/// the build fails, saying what takes the room), and reports it.
+fn finish_wheel(
+    w: WheelBuilder,
+    matrix: &Matrix,
+    args: &WheelArgs,
+    report: Option<&BuildReport>,
+    ui: &Ui,
+) -> Result<wheel::WrittenWheel> {
     let out = std::path::absolute(&args.out)?;
     let written = w.write(&out, wheel::source_date_epoch_from_env()?)?;
     let budget = args
         .max_wheel_mib
         .map_or(matrix.release.max_wheel_bytes, |mib| mib << 20);
     if written.size > budget {
-        let modules: Vec<(String, &str)> = aot
+        let modules: Vec<(String, &str)> = report
             .iter()
-            .flat_map(|(_, r)| &r.built)
+            .flat_map(|r| &r.built)
             .map(|b| {
                 (
-                    format!("{PACKAGE}/_aot/{}.so", b.inst.uri),
+                    format!("{}.so", b.inst.uri),
                     matrix.module(b.inst).name.as_str(),
                 )
             })
@@ -151,12 +328,11 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
         bail!("{over}");
     }
     ui.status(format!(
-        "wrote {} ({}, sha256 {}, {} precompiled instances, tag {})",
+        "wrote {} ({}, sha256 {}, {} precompiled instances)",
         written.path.display(),
         human_bytes(written.size),
         written.sha256,
-        aot.as_ref().map_or(0, |(_, r)| r.built.len()),
-        platform.tag
+        report.map_or(0, |r| r.built.len()),
     ));
     let mut largest: Vec<_> = written.entries.iter().collect();
     largest.sort_by(|a, b| {
@@ -173,13 +349,12 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
             e.path
         ));
     }
-    println!("{}", written.path.display());
-    Ok(())
+    Ok(written)
 }
 
 /// Why a wheel over `budget` bytes is refused: its size, and what takes the room (the binary,
-/// the sources, the kernels of each module), largest first. `modules`: each kernel's archive
-/// path and its module.
+/// the sources, the kernels of each module), largest first. `modules`: each kernel's file name
+/// (`<uri>.so`) and its module.
 fn over_budget(
     written: &wheel::WrittenWheel,
     modules: &[(String, &str)],
@@ -188,7 +363,10 @@ fn over_budget(
 ) -> String {
     let mut groups: Vec<(String, u64, usize)> = Vec::new();
     for e in &written.entries {
-        let group = match modules.iter().find(|(p, _)| *p == e.path) {
+        let group = match modules
+            .iter()
+            .find(|(p, _)| e.path.ends_with(&format!("/_aot/{p}")))
+        {
             Some((_, module)) => format!("kernels of {module}"),
             None if e.path.starts_with(&format!("{PACKAGE}/_bin/")) => "the flashgen binary".into(),
             None if e.path.starts_with(&format!("{PACKAGE}/_src/")) => "kernel sources".into(),
@@ -224,12 +402,13 @@ fn over_budget(
     )
 }
 
-/// What the wheel requires: the shared CUDA runtime its instances (and its JIT's) link, and,
-/// as the `jit` extra, the toolchain that built them (`toolchain`; the pinned release for a
-/// JIT-only wheel) with zig for a glibc `target`.
+/// What the wheel requires: the shared CUDA runtime its instances (and its JIT's) link; as the
+/// `jit` extra, the toolchain that built them (`toolchain`; the pinned release for a JIT-only
+/// wheel) with zig for a glibc `target`; and a release's kernel wheels as extras.
 fn requirements(
     toolchain: Option<&crate::toolchain::Toolchain>,
     target: Option<crate::manylinux::Glibc>,
+    kernels: &[KernelPackage],
 ) -> Vec<String> {
     let (major, version) = match toolchain {
         Some(tc) => (crate::compile::cuda_major(tc), tc.nvcc_version.as_str()),
@@ -238,6 +417,16 @@ fn requirements(
     let zig = target.map(|_| crate::manylinux::ZIG_REQUIREMENT);
     std::iter::once(cuda_packages::runtime_requirement(major))
         .chain(cuda_packages::jit_requirements(version, zig))
+        .chain(kernels.iter().flat_map(|k| {
+            // Each kernel wheel by its own extra, and all of them by `all`.
+            [k.extra.as_str(), ALL_KERNELS].map(|extra| {
+                format!(
+                    "{}=={}; extra == \"{extra}\"",
+                    k.distribution,
+                    env!("CARGO_PKG_VERSION")
+                )
+            })
+        }))
         .collect()
 }
 
@@ -274,51 +463,61 @@ fn check_manylinux_target(
 }
 
 /// The AOT build: the precompiled subset (or the filtered set) made present in the cache and
-/// copied to `--build-dir`, checked against the sources the wheel ships.
+/// copied to `--build-dir`, checked against the sources the wheel ships. `release`: one
+/// architecture of a release and its build folder: the whole matrix (filters narrow it) built
+/// for that architecture alone, None when it builds none of the selection.
 fn build_aot<'m>(
     matrix: &'m Matrix,
     args: &WheelArgs,
+    release: Option<(&Arch, &Path)>,
     sources: &[Snapshot],
     ui: &Ui,
-) -> Result<(Builder<'m>, BuildReport<'m>)> {
+) -> Result<Option<(Builder<'m>, BuildReport<'m>)>> {
     let c = &args.compile;
-    // No filter at all means the precompiled subset variants.json declares; a release is the
-    // whole matrix (filters narrow it), for the release's architectures.
+    // No filter at all means the precompiled subset variants.json declares.
     let mut filter = c.filter.clone();
-    if !args.release && filter.module.is_none() && filter.wheres.is_empty() {
+    if release.is_none() && filter.module.is_none() && filter.wheres.is_empty() {
         filter.aot = true;
     }
-    let release_archs = matrix.release.archs.join(" ");
-    let archs = match (&c.arch, args.release) {
-        (Some(a), _) => Some(a.as_str()),
-        // Exactly the declared list: an inherited FLASHGEN_CUDA_ARCH_LIST does not narrow a release.
-        (None, true) => Some(release_archs.as_str()),
-        (None, false) => None,
+    let (archs, build_dir) = match release {
+        Some((a, dir)) => (Some(a.to_string()), dir.to_path_buf()),
+        None => (
+            c.arch.clone(),
+            args.build_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("build/wheel")),
+        ),
     };
-    super::check_out_dir(matrix, &args.build_dir, "--build-dir")?;
-    crate::build::check_out_claimable(&args.build_dir, "--build-dir")?;
+    super::check_out_dir(matrix, &build_dir, "--build-dir")?;
+    crate::build::check_out_claimable(&build_dir, "--build-dir")?;
     let selected = filter.select(matrix)?;
     let builder = super::builder(
         matrix,
-        archs,
+        archs.as_deref(),
         !c.no_compress,
         c.launcher.as_deref(),
         c.manylinux.as_deref(),
     )?;
-    let selected = super::buildable(&builder, &selected, ui)?;
-    let mut opts = super::build::options(c, &builder, args.build_dir.clone(), ui)?;
+    let selected = if release.is_some() {
+        match builder.buildable(&selected) {
+            (kept, _) if kept.is_empty() => return Ok(None),
+            (kept, _) => kept,
+        }
+    } else {
+        super::buildable(&builder, &selected, ui)?
+    };
+    let mut opts = super::build::options(c, &builder, build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
     opts.use_stamp = false;
     let report = builder.build(&selected, &opts, ui)?;
-    super::build::finish(&report, ui, &args.build_dir)?;
+    super::build::finish(&report, ui, &build_dir)?;
     check_sources_unchanged(&builder.hashed_inputs(), sources)?;
-    Ok((builder, report))
+    Ok(Some((builder, report)))
 }
 
-/// The built `.so` files and their manifest, under `flashgen/_aot/`. Each file is read once;
-/// those bytes are hashed, checked against the sha256 the cache record gave this run, and
-/// packed. The manifest is serialized from the same in-memory result, not read back.
-fn add_aot(w: &mut WheelBuilder, builder: &Builder, report: &BuildReport) -> Result<()> {
+/// The built `.so` files, under `<package>/_aot/`. Each file is read once; those bytes are
+/// hashed, checked against the sha256 the cache record gave this run, and packed.
+fn add_kernels(w: &mut WheelBuilder, package: &str, report: &BuildReport) -> Result<()> {
     for b in &report.built {
         let bytes =
             std::fs::read(&b.path).with_context(|| format!("cannot read {}", b.path.display()))?;
@@ -330,11 +529,16 @@ fn add_aot(w: &mut WheelBuilder, builder: &Builder, report: &BuildReport) -> Res
                 b.entry.sha256
             );
         }
-        w.add_bytes(&format!("{PACKAGE}/_aot/{}.so", b.inst.uri), bytes, true)?;
+        w.add_bytes(&format!("{package}/_aot/{}.so", b.inst.uri), bytes, true)?;
     }
+    Ok(())
+}
+
+/// `<package>/_aot/manifest.json`, serialized from the in-memory result, never read back.
+fn add_manifest(w: &mut WheelBuilder, package: &str, manifest: &Manifest) -> Result<()> {
     w.add_bytes(
-        &format!("{PACKAGE}/_aot/manifest.json"),
-        serde_json::to_string_pretty(&builder.manifest(&report.built))?.into_bytes(),
+        &format!("{package}/_aot/manifest.json"),
+        serde_json::to_string_pretty(manifest)?.into_bytes(),
         false,
     )
 }
