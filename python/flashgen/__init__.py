@@ -58,8 +58,7 @@ def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any
     never disagree."""
     from . import _install, _matrix
 
-    manifest = _install.aot_manifest() or {}
-    shipped = {rec.get("uri") for rec in manifest.get("instances", ())}
+    shipped = _install.shipped_uris()
     mx = _matrix.matrix()
     if module is None and not where:
         chosen = mx.instances
@@ -95,8 +94,7 @@ def is_precompiled(module: str, **params: Any) -> bool:
         mx.check_partial(module, params, (axis,))
         params = mx.with_backend(module, params, _loader.device_capability())
     inst = mx.find(module, params)
-    manifest = _install.aot_manifest() or {}
-    return any(rec.get("uri") == inst.uri for rec in manifest.get("instances", ()))
+    return inst.uri in _install.shipped_uris()
 
 
 def __getattr__(name: str) -> Any:

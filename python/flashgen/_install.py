@@ -28,6 +28,9 @@ __all__ = [
     "matrix_json",
     "aot_manifest",
     "aot_file",
+    "aot_packages",
+    "kernel_packages",
+    "shipped_uris",
     "build_target",
     "select_uris",
 ]
@@ -181,6 +184,76 @@ def aot_manifest() -> dict[str, Any] | None:
     return _manifest_cache[0]
 
 
+class AotPackage:
+    """One package of precompiled kernels: flashgen's own ``_aot/``, or a release's kernel
+    package (``flashgen_kernels_sm90a``, from its per-architecture wheel) beside it."""
+
+    __slots__ = ("name", "dir", "manifest")
+
+    def __init__(self, name: str, folder: Path, manifest: dict[str, Any]) -> None:
+        self.name = name
+        self.dir = folder
+        self.manifest = manifest
+
+    def file(self, name: Any) -> Path:
+        """The file a row of this manifest names: a plain ``.so`` file name inside ``_aot/``,
+        never a path that leads out of it (the build writes names only)."""
+        if (not isinstance(name, str) or not name.endswith(".so") or name.startswith(".")
+                or "/" in name or "\\" in name or "\0" in name):
+            raise FlashgenError(
+                f"{self.dir / 'manifest.json'} names the file {name!r}, which is not a plain .so "
+                f"file name in {self.dir}; the installation is corrupted.\n\nReinstall the "
+                "flashgen wheel."
+            )
+        return self.dir / name
+
+
+_packages_cache: list[AotPackage] | None = None
+
+
+def kernel_packages() -> list[dict[str, Any]]:
+    """The per-architecture kernel wheels of a release, as its core manifest names them (each
+    ``extra``, ``distribution``, ``package``, ``runs_on``); empty for a wheel that holds its
+    kernels itself."""
+    manifest = aot_manifest() or {}
+    return [k for k in manifest.get("kernel_packages", ()) if isinstance(k, dict)]
+
+
+def aot_packages() -> list[AotPackage]:
+    """Every package of precompiled kernels this installation has: flashgen's own, then each
+    kernel package its manifest names that is installed beside it (in the same folder: pip puts
+    an extra's wheels there) and was built by this flashgen version. Only packages the core
+    manifest names are looked at, never whatever happens to be on ``sys.path``."""
+    global _packages_cache
+    if _packages_cache is not None:
+        return _packages_cache
+    with _lock:
+        if _packages_cache is None:
+            found = []
+            own = aot_manifest()
+            if own is not None:
+                found.append(AotPackage(PACKAGE_DIR.name, aot_dir(), own))
+            version = (own or {}).get("flashgen_version")
+            for k in kernel_packages():
+                name = k.get("package")
+                if not isinstance(name, str) or not name.isidentifier():
+                    continue
+                folder = PACKAGE_DIR.parent / name / "_aot"
+                try:
+                    data = json.loads((folder / "manifest.json").read_text())
+                except (OSError, ValueError):
+                    continue  # not installed (or unreadable): its extra is not there
+                if isinstance(data, dict) and data.get("flashgen_version") == version:
+                    found.append(AotPackage(name, folder, data))
+            _packages_cache = found
+    return _packages_cache
+
+
+def shipped_uris() -> set[str]:
+    """The URIs this installation has precompiled code of, in any of its packages."""
+    return {str(r.get("uri")) for p in aot_packages() for r in p.manifest.get("instances", ())}
+
+
 def build_target() -> str | None:
     """The glibc target the wheel was built for (the manifest's ``manylinux``, e.g. ``"2_17"``:
     its host code was compiled by zig for that glibc), or None (the system's g++, or a source
@@ -196,20 +269,14 @@ def aot_dir() -> Path:
 
 
 def aot_file(name: Any) -> Path:
-    """The file a manifest row names: a plain ``.so`` file name inside ``_aot/``, never a path
-    that leads out of it (the build writes names only)."""
-    if (not isinstance(name, str) or not name.endswith(".so") or name.startswith(".")
-            or "/" in name or "\\" in name or "\0" in name):
-        raise FlashgenError(
-            f"{_MANIFEST_FILE} names the file {name!r}, which is not a plain .so file name in "
-            f"{aot_dir()}; the installation is corrupted.\n\nReinstall the flashgen wheel."
-        )
-    return aot_dir() / name
+    """The file a row of flashgen's own manifest names (see ``AotPackage.file``)."""
+    return AotPackage(PACKAGE_DIR.name, aot_dir(), {}).file(name)
 
 
 def _reset_for_tests() -> None:
     """Forget memoized lookups (tests change the environment between cases)."""
-    global _matrix_cache, _manifest_cache
+    global _matrix_cache, _manifest_cache, _packages_cache
     _matrix_cache = None
     _manifest_cache = None
+    _packages_cache = None
     binary.cache_clear()

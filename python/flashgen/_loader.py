@@ -160,28 +160,48 @@ _runs_on = admits  # the manifest's rows are read as describe's are
 
 
 def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
-    manifest = _install.aot_manifest()
-    if not manifest:
+    """The precompiled code of ``inst`` that runs on ``cc``, from any package of this
+    installation (flashgen's own, or a release's kernel package): code built for the device's
+    architecture before PTX the driver would have to compile."""
+    found = []
+    for package in _install.aot_packages():
+        for rec in package.manifest.get("instances", ()):
+            # Each row holds the targets its instance was built for (an arch limit narrows them).
+            if rec.get("uri") == inst.uri and _runs_on(rec.get("runs_on"), cc):
+                found.append((not _runs_on(_cubins(rec.get("runs_on")), cc), package, rec))
+    if not found:
         return None
-    for rec in manifest.get("instances", ()):
-        if rec.get("uri") == inst.uri:
-            break
-    else:
-        return None
-    # Each row holds the targets its instance was built for (an arch limit narrows them).
-    if not _runs_on(rec.get("runs_on"), cc):
-        return None
-    path = _install.aot_file(rec.get("path"))
+    _, package, rec = min(found, key=lambda f: f[0])
+    path = package.file(rec.get("path"))
     try:
         data = read_checked(path, str(rec.get("sha256")), private=False)
     except UntrustedFileError as exc:
         raise FlashgenError(
-            f"{inst.uri}: the precompiled kernel listed in {_install.aot_dir() / 'manifest.json'} "
+            f"{inst.uri}: the precompiled kernel listed in {package.dir / 'manifest.json'} "
             f"cannot be used: {exc}; the installation is corrupted.\n\nReinstall the flashgen "
             "wheel (pip install --force-reinstall)."
         ) from None
     codes = dict(rec.get("codes") or inst.codes)
     return Loaded(inst.uri, inst.module, dict(inst.params), codes, path, "aot", data)
+
+
+def _cubins(runs_on: Any) -> list[Any]:
+    """The rows of a ``runs_on`` list for machine code (``sm_*``), not PTX."""
+    return [r for r in runs_on or () if isinstance(r, dict) and str(r.get("target", "")).startswith("sm_")]
+
+
+def _missing_kernel_wheel(cc: tuple[int, int]) -> str | None:
+    """The extra of a release's kernel wheel that holds code for ``cc`` and is not installed."""
+    installed = {p.name for p in _install.aot_packages()}
+    for k in _install.kernel_packages():
+        if k.get("package") not in installed and _runs_on(_cubins(k.get("runs_on")), cc):
+            return str(k.get("extra"))
+    return None
+
+
+def _precompiled_rows(uri: str) -> list[dict[str, Any]]:
+    return [r for p in _install.aot_packages() for r in p.manifest.get("instances", ())
+            if r.get("uri") == uri]
 
 
 def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
@@ -213,7 +233,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
             import logging
 
             log = logging.getLogger(LOGGER)
-            reason = _compile_reason(inst, variant)
+            reason = _compile_reason(inst, variant, cc)
             log.info("compiling %s for %s: %s", rec["uri"], rec["arch"], reason)
             t0 = time.perf_counter()
             rec = _ask_binary(cmd, env, what)
@@ -224,7 +244,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
                 log.info("%s for %s was compiled by another process (waited %.1f s)", rec["uri"],
                          rec["arch"], took)
     if rec["source"] == "missing":
-        err = JITDisabledError(_disabled_message(module, params, inst, variant, str(rec["arch"]), rec))
+        err = JITDisabledError(_disabled_message(module, params, inst, variant, str(rec["arch"]), rec, cc))
         err.answer = rec  # what the binary said: its cache folder, the archs it would build
         raise err
     path = Path(rec["path"])
@@ -267,16 +287,19 @@ def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any
     return rec
 
 
-def _compile_reason(inst: Instance | None, variant: Variant | None) -> str:
+def _compile_reason(inst: Instance | None, variant: Variant | None, cc: tuple[int, int]) -> str:
     """Why an instance is compiled on this machine instead of loaded from the wheel."""
     if variant is not None:
         return f"the user variant {variant.name!r} is compiled on first use"
-    manifest = _install.aot_manifest() or {}
-    row = next((r for r in manifest.get("instances", ()) if inst is not None and r.get("uri") == inst.uri), None)
-    if row is None:
+    extra = _missing_kernel_wheel(cc)
+    if extra is not None:
+        return (f"this GPU's kernel wheel is not installed (pip install 'flashgen[{extra}]' "
+                "would precompile it)")
+    rows = _precompiled_rows(inst.uri) if inst is not None else []
+    if not rows:
         return "it is not precompiled in this installation"
-    return (f"the installation's precompiled code does not run on this GPU (it holds "
-            f"{', '.join(row.get('archs', []))})")
+    archs = sorted({a for r in rows for a in r.get("archs", [])})
+    return f"the installation's precompiled code does not run on this GPU (it holds {', '.join(archs)})"
 
 
 def _write_variant(variant: Variant, folder: Path) -> Path:
@@ -298,19 +321,27 @@ def _write_variant(variant: Variant, folder: Path) -> Path:
 
 
 def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | None,
-                      variant: Variant | None, arch: str, rec: Mapping[str, Any]) -> str:
+                      variant: Variant | None, arch: str, rec: Mapping[str, Any],
+                      cc: tuple[int, int]) -> str:
     import shlex
 
     where = " ".join(f"--where {k}={format_value(v)}" for k, v in params.items())
     cache = rec.get("cache_dir", "the JIT cache")
     forbids = f"FLASHGEN_DISABLE_JIT={os.environ.get('FLASHGEN_DISABLE_JIT')} forbids compiling it"
     if variant is None and inst is not None:
-        manifest = _install.aot_manifest() or {}
-        row = next((r for r in manifest.get("instances", ()) if r.get("uri") == inst.uri), None)
+        extra = _missing_kernel_wheel(cc)
+        if extra is not None:
+            return (
+                f"{inst.uri} is needed for {arch}, but the kernel wheel for this GPU is not "
+                f"installed, it is not in the JIT cache ({cache}), and {forbids}.\n\n"
+                f"Install it: pip install 'flashgen[{extra}]' (or 'flashgen[all]'), or unset "
+                "FLASHGEN_DISABLE_JIT to compile it on first use."
+            )
+        rows = _precompiled_rows(inst.uri)
+        archs = sorted({a for r in rows for a in r.get("archs", [])})
         why = (
-            "the wheel's precompiled copy does not run on this GPU "
-            f"(it holds {', '.join(row.get('archs', []))})"
-            if row is not None else "it is not precompiled in this installation"
+            f"the wheel's precompiled copy does not run on this GPU (it holds {', '.join(archs)})"
+            if rows else "it is not precompiled in this installation"
         )
         return (
             f"{inst.uri} is needed for {arch}, but {why}, it is not in the JIT cache ({cache}), "

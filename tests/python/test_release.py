@@ -1,12 +1,14 @@
-"""The release's architectures, as the loader of an installed wheel serves each GPU generation,
-without a GPU (``FLASHGEN_DEVICE_CC``) and with the JIT disabled, so nothing compiles: a wheel
-built by ``build-wheel --release`` (variants.json's ``release.archs``: sm_80 with compute_80 PTX,
-sm_90a, sm_100, sm_120) for one single_decode configuration, both backends.
+"""The release's architectures, as the loader of an installed release serves each GPU
+generation, without a GPU (``FLASHGEN_DEVICE_CC``) and with the JIT disabled, so nothing
+compiles: the wheels ``build-wheel --release`` writes (variants.json's ``release.archs``: sm_80
+with compute_80 PTX, sm_90a, sm_100, sm_120; one kernel wheel each, and the core wheel) for one
+single_decode configuration, both backends, installed with pip into one folder.
 
-Each device gets the precompiled code that runs on it: Ampere and Ada the sm_80 code, Hopper the
-sm90 backend's sm_90a, Blackwell its own sm_100 or sm_120, and a generation the release does not
-name (11.0) the PTX, which its driver compiles. The instance is loaded from the verified bytes
-(its ``query`` entry point answers), which also maps the shared CUDA runtime it links.
+Each device gets the precompiled code that runs on it, from the kernel wheel that has it:
+Ampere and Ada the sm_80 code, Hopper the sm90 backend's sm_90a, Blackwell its own sm_100 or
+sm_120, and a generation the release does not name (11.0) the PTX, which its driver compiles.
+The instance is loaded from the verified bytes, which also maps the shared CUDA runtime it
+links. Without the kernel wheel a GPU needs, the error names the extra that installs it.
 """
 
 from __future__ import annotations
@@ -26,17 +28,26 @@ ONE = ["--module", "single_decode", "--where", "dtype=bf16", "--where", "head_di
 
 
 @pytest.fixture(scope="module")
-def release_site(flashgen_bin: Path, build_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def release_wheels(flashgen_bin: Path, build_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     out = tmp_path_factory.mktemp("release-dist")
+    build = tmp_path_factory.mktemp("release-build") / "b"
     cmd = [str(flashgen_bin), "--config", str(REPO / "variants.json"), "build-wheel", "--release", "--out", str(out),
-           "--build-dir", str(tmp_path_factory.mktemp("release-build")), "--quiet", *ONE]
+           "--build-dir", str(build), "--quiet", *ONE]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=build_env)
     assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stderr}"
-    site = tmp_path_factory.mktemp("release-site")
+    return [Path(p) for p in proc.stdout.split()]
+
+
+def _install(wheels: list[Path], site: Path) -> Path:
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                           "--target", str(site), proc.stdout.strip()], capture_output=True, text=True)
+                           "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return site
+
+
+@pytest.fixture(scope="module")
+def release_site(release_wheels: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _install(release_wheels, tmp_path_factory.mktemp("release-site"))
 
 
 def _load(site: Path, build_env: dict[str, str], tmp_path: Path, cc: str) -> subprocess.CompletedProcess[str]:
@@ -53,12 +64,23 @@ def _load(site: Path, build_env: dict[str, str], tmp_path: Path, cc: str) -> sub
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
 
 
-def test_the_release_manifest_holds_every_release_target(release_site: Path) -> None:
-    manifest: dict[str, Any] = json.loads((release_site / "flashgen" / "_aot" / "manifest.json").read_text())
-    rows = {r["params"]["backend"]: r for r in manifest["instances"]}
-    assert sorted(rows) == ["portable", "sm90"]
-    assert rows["portable"]["archs"] == ["sm_80", "compute_80", "sm_90a", "sm_100", "sm_120"], rows["portable"]
-    assert rows["sm90"]["archs"] == ["sm_90a"], rows["sm90"]
+def test_one_kernel_wheel_per_release_target_and_the_core(release_wheels: list[Path], release_site: Path) -> None:
+    names = [w.name.split("-")[0] for w in release_wheels]
+    assert names == ["flashgen_kernels_sm80", "flashgen_kernels_sm90a", "flashgen_kernels_sm100",
+                     "flashgen_kernels_sm120", "flashgen"], names
+    archs: dict[str, dict[str, list[str]]] = {}
+    for package in names[:-1]:
+        manifest: dict[str, Any] = json.loads((release_site / package / "_aot" / "manifest.json").read_text())
+        archs[package] = {r["params"]["backend"]: r["archs"] for r in manifest["instances"]}
+    assert archs == {
+        "flashgen_kernels_sm80": {"portable": ["sm_80", "compute_80"]},
+        "flashgen_kernels_sm90a": {"portable": ["sm_90a"], "sm90": ["sm_90a"]},
+        "flashgen_kernels_sm100": {"portable": ["sm_100"]},
+        "flashgen_kernels_sm120": {"portable": ["sm_120"]},
+    }
+    core = json.loads((release_site / "flashgen" / "_aot" / "manifest.json").read_text())
+    assert core["instances"] == [] and [k["extra"] for k in core["kernel_packages"]] == [
+        "sm80", "sm90a", "sm100", "sm120"]
 
 
 @pytest.mark.parametrize("cc, backend", [
@@ -81,3 +103,15 @@ def test_a_gpu_older_than_the_release_is_told_so(release_site: Path, build_env: 
     proc = _load(release_site, build_env, tmp_path, "7.5")
     assert proc.returncode != 0
     assert "7.5" in proc.stderr, proc.stderr
+
+
+def test_without_its_kernel_wheel_a_gpu_is_told_which_extra_to_install(
+        release_wheels: list[Path], build_env: dict[str, str], tmp_path: Path) -> None:
+    # The core and Hopper's kernels only: Hopper is served, Ampere is told to install flashgen[sm80].
+    site = _install([w for w in release_wheels if w.name.split("-")[0] in ("flashgen", "flashgen_kernels_sm90a")],
+                    tmp_path / "site")
+    proc = _load(site, build_env, tmp_path, "9.0")
+    assert proc.returncode == 0, proc.stderr
+    proc = _load(site, build_env, tmp_path, "8.0")
+    assert proc.returncode != 0
+    assert "JITDisabledError" in proc.stderr and "pip install 'flashgen[sm80]'" in proc.stderr, proc.stderr
