@@ -23,7 +23,9 @@ SECTIONS=${*:-build tests decode-portable prefill prefill-portable bench bench-d
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 SITE=/tmp/flashgen-site
 rm -rf "$SITE"
-python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" || exit 1
+# EXTRA_WHEELS: a release's kernel wheels, installed beside the core wheel WHEEL.
+# shellcheck disable=SC2086
+python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEEL" ${EXTRA_WHEELS:-} || exit 1
 # A manylinux wheel (./ci/build-wheel.sh's default) requires ziglang: its JIT builds with zig.
 # ZIGLANG names the ziglang wheel, or a .tar.xz of its ziglang/ folder, to install beside it.
 case "${ZIGLANG:-}" in

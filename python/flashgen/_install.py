@@ -29,6 +29,7 @@ __all__ = [
     "aot_manifest",
     "aot_file",
     "aot_packages",
+    "aot_rows",
     "kernel_packages",
     "shipped_uris",
     "build_target",
@@ -249,9 +250,28 @@ def aot_packages() -> list[AotPackage]:
     return _packages_cache
 
 
+_rows_cache: dict[str, list[tuple[AotPackage, dict[str, Any]]]] | None = None
+
+
+def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
+    """Every manifest row of ``uri`` in this installation's packages, with its package (an
+    index made on first use: a release's manifests hold thousands of rows)."""
+    global _rows_cache
+    if _rows_cache is None:
+        index: dict[str, list[tuple[AotPackage, dict[str, Any]]]] = {}
+        for package in aot_packages():
+            for rec in package.manifest.get("instances", ()):
+                if isinstance(rec, dict):
+                    index.setdefault(str(rec.get("uri")), []).append((package, rec))
+        _rows_cache = index
+    return _rows_cache.get(uri, [])
+
+
 def shipped_uris() -> set[str]:
     """The URIs this installation has precompiled code of, in any of its packages."""
-    return {str(r.get("uri")) for p in aot_packages() for r in p.manifest.get("instances", ())}
+    aot_rows("")
+    assert _rows_cache is not None
+    return set(_rows_cache)
 
 
 def build_target() -> str | None:
@@ -275,8 +295,9 @@ def aot_file(name: Any) -> Path:
 
 def _reset_for_tests() -> None:
     """Forget memoized lookups (tests change the environment between cases)."""
-    global _matrix_cache, _manifest_cache, _packages_cache
+    global _matrix_cache, _manifest_cache, _packages_cache, _rows_cache
     _matrix_cache = None
     _manifest_cache = None
     _packages_cache = None
+    _rows_cache = None
     binary.cache_clear()

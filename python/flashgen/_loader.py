@@ -163,12 +163,9 @@ def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
     """The precompiled code of ``inst`` that runs on ``cc``, from any package of this
     installation (flashgen's own, or a release's kernel package): code built for the device's
     architecture before PTX the driver would have to compile."""
-    found = []
-    for package in _install.aot_packages():
-        for rec in package.manifest.get("instances", ()):
-            # Each row holds the targets its instance was built for (an arch limit narrows them).
-            if rec.get("uri") == inst.uri and _runs_on(rec.get("runs_on"), cc):
-                found.append((not _runs_on(_cubins(rec.get("runs_on")), cc), package, rec))
+    # Each row holds the targets its instance was built for (an arch limit narrows them).
+    found = [(not _runs_on(_cubins(rec.get("runs_on")), cc), package, rec)
+             for package, rec in _install.aot_rows(inst.uri) if _runs_on(rec.get("runs_on"), cc)]
     if not found:
         return None
     _, package, rec = min(found, key=lambda f: f[0])
@@ -200,8 +197,7 @@ def _missing_kernel_wheel(cc: tuple[int, int]) -> str | None:
 
 
 def _precompiled_rows(uri: str) -> list[dict[str, Any]]:
-    return [r for p in _install.aot_packages() for r in p.manifest.get("instances", ())
-            if r.get("uri") == uri]
+    return [rec for _, rec in _install.aot_rows(uri)]
 
 
 def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
