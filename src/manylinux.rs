@@ -274,7 +274,9 @@ fn dso_fini_object(
     target: Glibc,
     dir: &Path,
 ) -> Result<(PathBuf, String)> {
-    let flags = ["-c", "-O2", "-fPIC"];
+    // `-g0`: zig's driver emits debug info by default, whose compilation folder would make the
+    // object, and so the key that holds its sha256, differ from one cache to another.
+    let flags = ["-c", "-O2", "-fPIC", "-g0"];
     let name = format!(
         "zig-dso-fini-{}",
         &fsutil::sha256_bytes(
