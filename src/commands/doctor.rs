@@ -135,6 +135,23 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
             ),
             None => println!("wheel:         none (this binary is not inside an installed wheel)"),
         }
+        for k in wheel
+            .iter()
+            .flat_map(|w| w["kernel_wheels"].as_array().cloned().unwrap_or_default())
+        {
+            println!(
+                "kernel wheel:  {} ({})",
+                k["package"].as_str().unwrap_or("?"),
+                if k["installed"].as_bool() == Some(true) {
+                    "installed".to_string()
+                } else {
+                    format!(
+                        "not installed: pip install 'flashgen[{}]'",
+                        k["extra"].as_str().unwrap_or("?")
+                    )
+                }
+            );
+        }
         match &torch {
             Ok(t) => println!(
                 "torch:         {} (CUDA {}, {})",
@@ -162,16 +179,34 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
 }
 
 /// The precompiled set of the installed wheel this binary ships in (`<package>/_bin/flashgen`
-/// beside `<package>/_aot/manifest.json`), or None when it is not inside one.
+/// beside `<package>/_aot/manifest.json`), or None when it is not inside one. For a release's
+/// core wheel, its kernel wheels too: each one its manifest names, installed beside it or not.
 fn installed_wheel(exe: &Path) -> Option<serde_json::Value> {
     let package = exe.parent()?.parent()?;
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(package.join("_aot").join("manifest.json")).ok()?)
-            .ok()?;
+    let read = |dir: &Path| -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(dir.join("_aot").join("manifest.json")).ok()?).ok()
+    };
+    let manifest = read(package)?;
+    let count = |m: &serde_json::Value| m["instances"].as_array().map_or(0, Vec::len);
+    let mut precompiled = count(&manifest);
+    let mut archs: Vec<serde_json::Value> =
+        manifest["archs"].as_array().cloned().unwrap_or_default();
+    let mut kernels = Vec::new();
+    for k in manifest["kernel_packages"].as_array().into_iter().flatten() {
+        let name = k["package"].as_str().unwrap_or_default();
+        let installed = package.parent().and_then(|site| read(&site.join(name)));
+        if let Some(m) = &installed {
+            precompiled += count(m);
+            archs.extend(m["archs"].as_array().cloned().unwrap_or_default());
+        }
+        kernels
+            .push(json!({"extra": k["extra"], "package": name, "installed": installed.is_some()}));
+    }
     Some(json!({
         "package": package,
-        "precompiled": manifest["instances"].as_array().map_or(0, Vec::len),
-        "archs": manifest["archs"],
+        "precompiled": precompiled,
+        "archs": archs,
+        "kernel_wheels": kernels,
     }))
 }
 

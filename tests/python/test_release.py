@@ -115,3 +115,9 @@ def test_without_its_kernel_wheel_a_gpu_is_told_which_extra_to_install(
     proc = _load(site, build_env, tmp_path, "8.0")
     assert proc.returncode != 0
     assert "JITDisabledError" in proc.stderr and "pip install 'flashgen[sm80]'" in proc.stderr, proc.stderr
+    # doctor says the same of the installation.
+    doctor = subprocess.run([str(site / "flashgen" / "_bin" / "flashgen"), "doctor"], capture_output=True, text=True,
+                            env=build_env, cwd=tmp_path)
+    assert "kernel wheel:  flashgen_kernels_sm90a (installed)" in doctor.stdout, doctor.stdout
+    assert "kernel wheel:  flashgen_kernels_sm80 (not installed: pip install 'flashgen[sm80]')" in doctor.stdout
+    assert "(2 precompiled instances for sm_90a)" in doctor.stdout, doctor.stdout
