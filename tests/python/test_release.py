@@ -121,3 +121,32 @@ def test_without_its_kernel_wheel_a_gpu_is_told_which_extra_to_install(
     assert "kernel wheel:  flashgen_kernels_sm90a (installed)" in doctor.stdout, doctor.stdout
     assert "kernel wheel:  flashgen_kernels_sm80 (not installed: pip install 'flashgen[sm80]')" in doctor.stdout
     assert "(2 precompiled instances for sm_90a)" in doctor.stdout, doctor.stdout
+
+
+def test_a_missing_cuda_runtime_names_the_package_to_install(
+        release_site: Path, build_env: dict[str, str], tmp_path: Path) -> None:
+    """A fresh venv with no packages and the release on PYTHONPATH: nothing provides
+    libcudart.so.13, so mapping an instance fails with the package to install, not a raw dlopen
+    error."""
+    import ctypes.util
+
+    if ctypes.util.find_library("cudart"):
+        pytest.skip("the system's library path has a CUDA runtime, which the loader would take")
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    code = (
+        "from flashgen import _loader\n"
+        "l = _loader.load('single_decode', {'dtype': 'bf16', 'head_dim': 128, 'pos_encoding': 'none',"
+        " 'variant': 'default'})\n"
+        "l.kernels\n"
+    )
+    env = {k: v for k, v in build_env.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(release_site), FLASHGEN_DEVICE_CC="9.0", FLASHGEN_DISABLE_JIT="1",
+               FLASHGEN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("FLASHGEN_BIN", None)
+    env.pop("LD_LIBRARY_PATH", None)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "RuntimeMissingError" in proc.stderr, proc.stderr
+    assert "libcudart.so.13" in proc.stderr and "pip install 'nvidia-cuda-runtime==13.*'" in proc.stderr, proc.stderr
