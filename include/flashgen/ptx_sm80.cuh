@@ -12,11 +12,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// L2 prefetch size hint on K/V copies (0: none); a tuning knob, measured in NOTES-decode.md.
-#ifndef FLASHGEN_CP_ASYNC_L2_PREFETCH
-#define FLASHGEN_CP_ASYNC_L2_PREFETCH 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "flashgen kernels need sm_80 or newer (cp.async, bf16 mma)"
 #endif
@@ -35,19 +30,9 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 
 /** 16-byte global->shared copy; reads `src_bytes` (0 or 16) and zero-fills the rest. */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
-#if FLASHGEN_CP_ASYNC_L2_PREFETCH == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-#elif FLASHGEN_CP_ASYNC_L2_PREFETCH == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
-#endif
 }
 
 /** sm_90: let the dependent grid (launched with PDL) start being scheduled. */

@@ -126,12 +126,6 @@ __device__ __forceinline__ float exp2_fma(float x) {
 #define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
 #endif
 
-/** Experiment: rows per TMA box of the contiguous K/V maps (0: the whole kv tile). 16 makes the
- *  dense copies as many boxes as the paged page-16 ones (the box-count question, run 8). */
-#ifndef FLASHGEN_HOPPER_DENSE_BOX_ROWS
-#define FLASHGEN_HOPPER_DENSE_BOX_ROWS 0
-#endif
-
 #ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
 #define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
 #endif
@@ -507,27 +501,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
         mbar_wait(empty_k(s), ph ^ 1u);
         mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-        constexpr int kBoxRows = FLASHGEN_HOPPER_DENSE_BOX_ROWS > 0 ? FLASHGEN_HOPPER_DENSE_BOX_ROWS
-                                                                    : kTileKV;
-        const int32_t dr1 = order_k.rows_first ? 1 : 0, dr2 = 1 - dr1;
 #pragma unroll
         for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-#pragma unroll
-          for (int r = 0; r < kTileKV; r += kBoxRows) {
-            tma_load_3d(k_addr(s) + cb * kTileKV * 128 + r * 128, &maps.k, full_k(s), cb * 64,
-                        k1 + r * dr1, k2 + r * dr2);
-          }
+          tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.k, full_k(s), cb * 64, k1, k2);
         }
         mbar_wait(empty_v(s), ph ^ 1u);
         mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
-        const int32_t ev1 = order_v.rows_first ? 1 : 0, ev2 = 1 - ev1;
 #pragma unroll
         for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-#pragma unroll
-          for (int r = 0; r < kTileKV; r += kBoxRows) {
-            tma_load_3d(v_addr(s) + cb * kTileKV * 128 + r * 128, &maps.v, full_v(s), cb * 64,
-                        v1 + r * ev1, v2 + r * ev2);
-          }
+          tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
         }
       }
       }

@@ -140,8 +140,7 @@ inline int check_hopper(const char* what, const DeviceInfo& dev) {
 template <typename Traits, int HEAD_DIM, int POS, typename DType, typename Params>
 inline int make_contiguous_kv_maps(const Params& p, const DType* rope_k, int64_t rows,
                                    KVTensorMaps* maps, KVMapOrder* order_k, KVMapOrder* order_v) {
-  constexpr int kBoxRows =
-      FLASHGEN_HOPPER_DENSE_BOX_ROWS > 0 ? FLASHGEN_HOPPER_DENSE_BOX_ROWS : Traits::kTileKV;
+  constexpr int kBoxRows = Traits::kTileKV;  // one box per kv tile and 64-column block
   if constexpr (POS == prefill::kPosRopeLlama) {
     if (int st = make_kv_map(&maps->k, order_k, rope_k, rows, p.num_kv_heads, HEAD_DIM,
                              int64_t(p.num_kv_heads) * HEAD_DIM, int64_t(HEAD_DIM),

@@ -126,17 +126,6 @@ constexpr bool has_variant_mask() {
 #define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 2
 #endif
 
-/** 1: in causal masked tiles, a warp whose rows all lie before the tile's first key (the causal
- *  mask removes the whole tile for it: P is exactly 0) skips its P V mma (a warp-uniform branch;
- *  the barriers and copies still run). On the diagonal of a 128-row q tile this is the upper
- *  half's warps in the second 64-key tile. 2 K/V stages only, and not in kernels with whole-tile
- *  copies (together: a 164 B spill in the ALiBi kernel). Skipping Q K^T too, or Q K^T alone, made
- *  ptxas spill in the single or ragged causal kernel. Run 9 (NOTES-prefill.md): single causal
- *  8192 +1.4 % time, sliding_window -5 % TFLOP/s, ragged within noise: off. */
-#ifndef FLASHGEN_PREFILL_CAUSAL_WARP_SKIP
-#define FLASHGEN_PREFILL_CAUSAL_WARP_SKIP 0
-#endif
-
 /** Paged kernels whose tiles are whole pages: 0 hold the page indices of the next tile in
  *  registers across the loop; 1 read them when the tile's copies are issued (L1 hits after an
  *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels of variants without
@@ -147,18 +136,6 @@ constexpr bool has_variant_mask() {
  *  sigmoid kernels spill nothing with 0 and 28-36 B at issue. */
 #ifndef FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE
 #define FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE 2
-#endif
-
-/** 1: paged kernels with a page lookup per copied row (page sizes that do not tile the kv tile
- *  in whole copy strides, page 1 among them) read each row's page index when the row's copy is
- *  issued (L1 hits after an L1 prefetch a tile ahead) instead of holding the next tile's
- *  kCopiesPerThread indices in registers across the loop. Run 9 (ptxas, bf16 d128 page 1):
- *  causal default sm_80 232/208 -> 8/4 B, sm_90a 8 -> 28/60 B (harness build); causal ALiBi
- *  sm_90a 96/92 -> 8/8 B, sm_80 108/60 -> 16/12 B; causal sigmoid sm_90a 180/156 -> 108/104 B,
- *  sm_80 36/28 -> 80/64 B. But paged1 causal 16 x 512..4096 on the H200: 2.844 -> 3.34 ms
- *  (+17 %): eight dependent index loads before each row's copy cost more than the spills: off. */
-#ifndef FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE
-#define FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE 0
 #endif
 
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
@@ -198,9 +175,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kWholeTiles =
       FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||
       (FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 2 && (kLinearBias || kTanhCap));
-  // Not with whole-tile copies: the two together made ptxas spill 164 B in the ALiBi kernel.
-  constexpr bool kWarpSkip = FLASHGEN_PREFILL_CAUSAL_WARP_SKIP && MASK == kMaskCausal &&
-                             Traits::kStages == 2 && !kWholeTiles;
   constexpr int kExpFma = !kSoftmax ? 0
                           : kVarLogits ? FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
                                        : FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS;
@@ -275,18 +249,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       kPageFast && (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 1 ||
                     (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone &&
                      !kVarLogits && !kTanhCap));
-  // Paged kernels with a page lookup per copied row: the same, row by row.
-  constexpr bool kRowPagesAtIssue =
-      decltype(kv)::kPaged && !kPageFast && FLASHGEN_PREFILL_ROW_PAGES_AT_ISSUE;
   auto load_pages = [&](int32_t kt) {
-    if constexpr (kRowPagesAtIssue) {
-      // Lines of 32 indices from the tile's first (only indices of this request's pages).
-      constexpr int kEntries = (kTileKV + PAGE_SIZE - 1) / PAGE_SIZE + 1;
-      const int32_t entry = (kt * kTileKV) / PAGE_SIZE + int32_t(tid) * 32;
-      if (tid * 32 < uint32_t(kEntries) && kt < kt_end && entry * PAGE_SIZE < kv_len) {
-        ptx::prefetch_l1(kv.pages + entry);
-      }
-    } else if constexpr (kPagesAtIssue) {
+    if constexpr (kPagesAtIssue) {
       if (kt < kt_end && kt * kTileKV < kv_len) {
         ptx::prefetch_l1(kv.pages + kt * (kTileKV / PAGE_SIZE));
       }
@@ -297,6 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         pages[j] = (kt < kt_end && pos < kv_len) ? kv.page(uint32_t(pos)) : 0;
       }
     } else if constexpr (decltype(kv)::kPaged) {
+      // Held in registers: reading each row's index at issue was slower (NOTES-prefill.md).
 #pragma unroll
       for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
         const int32_t pos = kt * kTileKV + int32_t(copy_row0 + i * Traits::kCopyRows);
@@ -377,7 +342,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           const int32_t pos = pos0 + i * Traits::kCopyRows;
           const bool valid = pos < kv_len;
           const uint32_t upos = valid ? uint32_t(pos) : 0u;
-          if constexpr (kRowPagesAtIssue) pages[i] = valid ? kv.page(upos) : 0;
           const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
           ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
                            valid ? 16u : 0u);
@@ -492,11 +456,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     __syncthreads();
     if constexpr (Traits::kStages == 2) issue(kt + 1, false);
 
-    // Causal: this warp's last row (the largest token) sees no key of this tile.
-    bool dead = false;
-    if constexpr (kMask && kWarpSkip) {
-      dead = kt * kTileKV > kv_len - qo_len + row_token[warp_row0 + Traits::kWarpRows - 1];
-    }
     float s[kMmaQ][kNT][4];
 #pragma unroll
     for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -704,26 +663,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       load_pages(kt + 2);
     }
     const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
-    if (!dead) {  // P is exactly 0: nothing to add
+    // Warps with an all-zero P (causal) too: skipping them was slower (NOTES-prefill.md).
 #pragma unroll
-      for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
-        uint32_t pa[kMmaQ][4];
+    for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
+      uint32_t pa[kMmaQ][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        pa[mq][0] = pf[mq][2 * ks][0];
+        pa[mq][1] = pf[mq][2 * ks][1];
+        pa[mq][2] = pf[mq][2 * ks + 1][0];
+        pa[mq][3] = pf[mq][2 * ks + 1][1];
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          pa[mq][0] = pf[mq][2 * ks][0];
-          pa[mq][1] = pf[mq][2 * ks][1];
-          pa[mq][2] = pf[mq][2 * ks + 1][0];
-          pa[mq][3] = pf[mq][2 * ks + 1][1];
-        }
-#pragma unroll
-        for (int dp = 0; dp < kDT / 2; ++dp) {
-          uint32_t b[4];
-          ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
-#pragma unroll
-          for (int mq = 0; mq < kMmaQ; ++mq) {
-            ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
-            ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
-          }
+          ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
+          ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
         }
       }
     }
