@@ -799,11 +799,7 @@ impl<'m> Builder<'m> {
     pub fn manifest(&self, built: &[Built]) -> Manifest {
         Manifest {
             flashgen_version: env!("CARGO_PKG_VERSION").into(),
-            toolchain: Some(ToolchainRow {
-                nvcc: self.toolchain.nvcc.clone(),
-                nvcc_version: self.toolchain.nvcc_version.clone(),
-                host_compiler: self.toolchain.host_compiler.clone(),
-            }),
+            toolchain: Some(ToolchainRow::of(&self.toolchain)),
             manylinux: self.toolchain.manylinux.map(|g| g.spelling()),
             archs: self.archs.iter().flat_map(Arch::targets).collect(),
             runs_on: crate::arch::runs_on_all(&self.archs),

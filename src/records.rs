@@ -54,6 +54,17 @@ pub struct ToolchainRow {
     pub host_compiler: String,
 }
 
+impl ToolchainRow {
+    /// What a manifest says of the toolchain `tc` that built its instances.
+    pub fn of(tc: &crate::toolchain::Toolchain) -> ToolchainRow {
+        ToolchainRow {
+            nvcc: tc.nvcc.clone(),
+            nvcc_version: tc.nvcc_version.clone(),
+            host_compiler: tc.host_compiler.clone(),
+        }
+    }
+}
+
 /// `<out>/manifest.json` and the wheel's `_aot/manifest.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {

@@ -176,11 +176,7 @@ fn release(
         bail!("the release selects no instance built for any of {list} ({from})");
     }
     let mut manifest = empty_manifest(target);
-    manifest.toolchain = toolchain.as_ref().map(|tc| crate::records::ToolchainRow {
-        nvcc: tc.nvcc.clone(),
-        nvcc_version: tc.nvcc_version.clone(),
-        host_compiler: tc.host_compiler.clone(),
-    });
+    manifest.toolchain = toolchain.as_ref().map(crate::records::ToolchainRow::of);
     let extras = std::iter::once(cuda_packages::JIT_EXTRA.to_string())
         .chain(packages.iter().map(|p| p.extra.clone()))
         .chain(std::iter::once(ALL_KERNELS.to_string()))
