@@ -29,25 +29,52 @@ use crate::records::{JitAnswer, JitSource};
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
-/// When `selected` are one instance per value of its module's backend axis (every other axis
-/// equal), those instances in the order the axis declares.
-fn backend_choices<'m>(matrix: &'m Matrix, selected: &[&'m Instance]) -> Option<Vec<&'m Instance>> {
-    let first = selected.first()?;
-    let (bi, _) = matrix.module(first).backend_axis()?;
-    let same_but_backend = |i: &Instance| {
-        i.module == first.module
-            && i.choice
-                .iter()
-                .zip(&first.choice)
-                .enumerate()
-                .all(|(ai, (a, b))| ai == bi || a == b)
-    };
-    if !selected.iter().all(|i| same_but_backend(i)) {
-        return None;
+/// `selected` grouped by configuration: instances of one module equal in every axis but the
+/// backend, each group in the order the backend axis declares (a module without one: one
+/// instance a group), groups in the order of their first instance.
+pub(super) fn configurations<'m>(
+    matrix: &Matrix,
+    selected: &[&'m Instance],
+) -> Vec<Vec<&'m Instance>> {
+    let mut index: std::collections::HashMap<(usize, Vec<usize>), usize> = Default::default();
+    let mut groups: Vec<Vec<&Instance>> = Vec::new();
+    for &inst in selected {
+        let backend = matrix.module(inst).backend_axis().map(|(bi, _)| bi);
+        let mut key = inst.choice.clone();
+        if let Some(bi) = backend {
+            key[bi] = 0;
+        }
+        let g = *index.entry((inst.module, key)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(inst);
     }
-    let mut ordered = selected.to_vec();
-    ordered.sort_by_key(|i| i.choice[bi]);
-    Some(ordered)
+    for group in &mut groups {
+        if let Some((bi, _)) = matrix.module(group[0]).backend_axis() {
+            group.sort_by_key(|i| i.choice[bi]);
+        }
+    }
+    groups
+}
+
+/// The instance a GPU of `cc` loads among one configuration's `choices` (one instance: that
+/// one; several backends: the first that runs there), and the archs its JIT builds for it
+/// (`requested`, narrowed by its arch limit); an error saying why when it runs none.
+pub(super) fn for_device<'m>(
+    matrix: &Matrix,
+    choices: &[&'m Instance],
+    requested: &[Arch],
+    cc: Capability,
+) -> Result<(&'m Instance, Vec<Arch>)> {
+    let inst = match choices {
+        [one] => *one,
+        many => choose_backend(matrix, many, cc)?,
+    };
+    let limit = matrix.arch_limit(inst);
+    let archs = arch::for_device_limited(requested, limit.as_deref(), cc)
+        .ok_or_else(|| cannot_run(matrix, inst, cc))?;
+    Ok((inst, archs))
 }
 
 /// The first of `choices` (in the declared order) whose arch limit runs on a GPU of `cc`.
@@ -163,23 +190,17 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
     let cc = Capability::parse(&args.device_cc, "--device-cc")?;
     let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
     let selected = args.filter.select(matrix)?;
-    let inst = match selected.as_slice() {
-        [one] => *one,
-        many => match backend_choices(matrix, many) {
-            Some(choices) => choose_backend(matrix, &choices, cc)?,
-            None => {
-                return Err(UsageError::new(format!(
-                    "flashgen jit needs --module and --where terms that select exactly one instance; {} match",
-                    selected.len()
-                ))
-                .with_hint("give every axis of the module (the backend may be left out): --where AXIS=VALUE for each")
-                .into())
-            }
-        },
+    let (inst, archs) = match configurations(matrix, &selected).as_slice() {
+        [choices] => for_device(matrix, choices, &requested, cc)?,
+        _ => {
+            return Err(UsageError::new(format!(
+                "flashgen jit needs --module and --where terms that select exactly one instance; {} match",
+                selected.len()
+            ))
+            .with_hint("give every axis of the module (the backend may be left out): --where AXIS=VALUE for each")
+            .into())
+        }
     };
-    let limit = matrix.arch_limit(inst);
-    let archs = arch::for_device_limited(&requested, limit.as_deref(), cc)
-        .ok_or_else(|| cannot_run(matrix, inst, cc))?;
     let launcher = Launcher::resolve(args.launcher.as_deref())?;
     let target = Glibc::resolve(args.manylinux.as_deref())?;
     let cache = Cache::open_default()?;

@@ -20,54 +20,19 @@ use crate::matrix::Matrix;
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
-/// The instances of `selected` a device of `cc` would load: per module configuration, the first
-/// backend (in the declared order) that runs there; modules without a backend axis when their
-/// arch limit runs there. Each with the archs its JIT builds.
-fn for_device<'m>(
-    matrix: &'m Matrix,
-    selected: &[&'m Instance],
-    requested: &[Arch],
-    cc: Capability,
-) -> (Vec<(&'m Instance, Vec<Arch>)>, usize) {
-    let mut chosen: Vec<(&Instance, Vec<Arch>)> = Vec::new();
-    let mut skipped = 0;
-    for &inst in selected {
-        let Some(archs) =
-            arch::for_device_limited(requested, matrix.arch_limit(inst).as_deref(), cc)
-        else {
-            skipped += 1;
-            continue;
-        };
-        // Another backend of the same configuration that the device runs and the module
-        // prefers wins; the selection holds each configuration's backends in declared order.
-        let taken_by_earlier = matrix.module(inst).backend_axis().is_some_and(|(bi, _)| {
-            chosen.iter().any(|(c, _)| {
-                c.module == inst.module
-                    && c.choice[bi] < inst.choice[bi]
-                    && c.choice
-                        .iter()
-                        .zip(&inst.choice)
-                        .enumerate()
-                        .all(|(ai, (a, b))| ai == bi || a == b)
-            })
-        });
-        if taken_by_earlier {
-            skipped += 1;
-            continue;
-        }
-        chosen.push((inst, archs));
-    }
-    (chosen, skipped)
-}
-
 pub fn run(matrix: &Matrix, args: &WarmArgs) -> Result<()> {
     let ui = Ui::new(args.quiet);
     let cc = Capability::parse(&args.device_cc, "--device-cc")?;
     let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
-    let mut selected = args.filter.select(matrix)?;
-    // Each configuration's backends in the order the module declares them.
-    selected.sort_by_key(|i| (i.module, i.choice.clone()));
-    let (chosen, skipped) = for_device(matrix, &selected, &requested, cc);
+    let selected = args.filter.select(matrix)?;
+    // Per configuration, what `flashgen jit` would build for the device (the same decider).
+    let mut chosen = Vec::new();
+    for choices in super::jit::configurations(matrix, &selected) {
+        if let Ok(pick) = super::jit::for_device(matrix, &choices, &requested, cc) {
+            chosen.push(pick);
+        }
+    }
+    let skipped = selected.len() - chosen.len();
     if skipped > 0 {
         ui.note(format!(
             "leaving out {skipped} of {} selected instances: another backend of theirs is the \
