@@ -51,10 +51,10 @@ pub fn run(matrix: &Matrix, args: &WarmArgs) -> Result<()> {
         }
     }
     let (mut ready, mut failed) = (0, 0);
+    let toolchain = Toolchain::discover(Some(&Cache::open_default()?.dir), target)?;
     for (archs, instances) in groups {
         let cache = Cache::open_default()?;
-        let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
-        let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);
+        let mut builder = Builder::new(matrix, toolchain.clone(), cache, archs.clone(), true);
         builder.launcher = launcher.clone();
         let gen = builder.cache.compile_dir("warm")?;
         let report =
