@@ -253,9 +253,9 @@ def aot_packages() -> list[AotPackage]:
 _rows_cache: dict[str, list[tuple[AotPackage, dict[str, Any]]]] | None = None
 
 
-def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
-    """Every manifest row of ``uri`` in this installation's packages, with its package (an
-    index made on first use: a release's manifests hold thousands of rows)."""
+def _rows_index() -> dict[str, list[tuple[AotPackage, dict[str, Any]]]]:
+    """Every manifest row of this installation's packages by URI, with its package (made on
+    first use: a release's manifests hold thousands of rows)."""
     global _rows_cache
     if _rows_cache is None:
         index: dict[str, list[tuple[AotPackage, dict[str, Any]]]] = {}
@@ -264,14 +264,17 @@ def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
                 if isinstance(rec, dict):
                     index.setdefault(str(rec.get("uri")), []).append((package, rec))
         _rows_cache = index
-    return _rows_cache.get(uri, [])
+    return _rows_cache
+
+
+def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
+    """Every manifest row of ``uri`` in this installation's packages, with its package."""
+    return _rows_index().get(uri, [])
 
 
 def shipped_uris() -> set[str]:
     """The URIs this installation has precompiled code of, in any of its packages."""
-    aot_rows("")
-    assert _rows_cache is not None
-    return set(_rows_cache)
+    return set(_rows_index())
 
 
 def build_target() -> str | None:

@@ -283,19 +283,24 @@ def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any
     return rec
 
 
+def _not_precompiled(inst: Instance, cc: tuple[int, int]) -> tuple[str, str | None]:
+    """Why this installation has no code of ``inst`` for ``cc``, and the extra of a release's
+    kernel wheel that would have it (None when no such wheel is missing)."""
+    extra = _missing_kernel_wheel(cc)
+    if extra is not None:
+        return f"the kernel wheel for this GPU is not installed (pip install 'flashgen[{extra}]')", extra
+    archs = sorted({a for r in _precompiled_rows(inst.uri) for a in r.get("archs", [])})
+    if not archs:
+        return "it is not precompiled in this installation", None
+    return f"the installation's precompiled code does not run on this GPU (it holds {', '.join(archs)})", None
+
+
 def _compile_reason(inst: Instance | None, variant: Variant | None, cc: tuple[int, int]) -> str:
     """Why an instance is compiled on this machine instead of loaded from the wheel."""
     if variant is not None:
         return f"the user variant {variant.name!r} is compiled on first use"
-    extra = _missing_kernel_wheel(cc)
-    if extra is not None:
-        return (f"this GPU's kernel wheel is not installed (pip install 'flashgen[{extra}]' "
-                "would precompile it)")
-    rows = _precompiled_rows(inst.uri) if inst is not None else []
-    if not rows:
-        return "it is not precompiled in this installation"
-    archs = sorted({a for r in rows for a in r.get("archs", [])})
-    return f"the installation's precompiled code does not run on this GPU (it holds {', '.join(archs)})"
+    assert inst is not None  # only a user variant has no instance in the matrix
+    return _not_precompiled(inst, cc)[0]
 
 
 def _write_variant(variant: Variant, folder: Path) -> Path:
@@ -325,25 +330,17 @@ def _disabled_message(module: str, params: Mapping[str, Any], inst: Instance | N
     cache = rec.get("cache_dir", "the JIT cache")
     forbids = f"FLASHGEN_DISABLE_JIT={os.environ.get('FLASHGEN_DISABLE_JIT')} forbids compiling it"
     if variant is None and inst is not None:
-        extra = _missing_kernel_wheel(cc)
-        if extra is not None:
-            return (
-                f"{inst.uri} is needed for {arch}, but the kernel wheel for this GPU is not "
-                f"installed, it is not in the JIT cache ({cache}), and {forbids}.\n\n"
-                f"Install it: pip install 'flashgen[{extra}]' (or 'flashgen[all]'), or unset "
-                "FLASHGEN_DISABLE_JIT to compile it on first use."
-            )
-        rows = _precompiled_rows(inst.uri)
-        archs = sorted({a for r in rows for a in r.get("archs", [])})
-        why = (
-            f"the wheel's precompiled copy does not run on this GPU (it holds {', '.join(archs)})"
-            if rows else "it is not precompiled in this installation"
+        why, extra = _not_precompiled(inst, cc)
+        fix = (
+            f"Install it: pip install 'flashgen[{extra}]' (or 'flashgen[all]'), or unset "
+            "FLASHGEN_DISABLE_JIT to compile it on first use."
+            if extra is not None else
+            "Unset FLASHGEN_DISABLE_JIT to compile it on first use, or install a wheel that "
+            f"precompiles it: flashgen build-wheel --arch {shlex.quote(arch)} --module {module} {where}"
         )
         return (
             f"{inst.uri} is needed for {arch}, but {why}, it is not in the JIT cache ({cache}), "
-            f"and {forbids}.\n\n"
-            "Unset FLASHGEN_DISABLE_JIT to compile it on first use, or install a wheel that "
-            f"precompiles it: flashgen build-wheel --arch {shlex.quote(arch)} --module {module} {where}"
+            f"and {forbids}.\n\n{fix}"
         )
     name = variant.name if variant is not None else "?"
     return (
