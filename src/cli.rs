@@ -183,6 +183,19 @@ pub struct CleanArgs {
 
 #[derive(Debug, Args)]
 pub struct JitArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Only look: answer `"source": "missing"` instead of compiling (FLASHGEN_DISABLE_JIT).
+    #[arg(long)]
+    pub no_compile: bool,
+    /// Must select exactly one instance.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// What `jit` and `warm` build for: a device, and how its instances are compiled.
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
     /// The device's compute capability (MAJOR.MINOR, as the driver reports it); the JIT builds
     /// for it (9.0 -> 9.0a) unless --arch or FLASHGEN_CUDA_ARCH_LIST names archs that run on it.
     #[arg(long, value_name = "MAJOR.MINOR")]
@@ -190,9 +203,6 @@ pub struct JitArgs {
     /// Architectures to build for instead of the device's own (they must run on the device).
     #[arg(long, value_name = "LIST")]
     pub arch: Option<String>,
-    /// Only look: answer `"source": "missing"` instead of compiling (FLASHGEN_DISABLE_JIT).
-    #[arg(long)]
-    pub no_compile: bool,
     /// A command to run the nvcc compile step through (as for build) [default:
     /// FLASHGEN_NVCC_LAUNCHER, which the Python loader passes through].
     #[arg(long, value_name = "CMD")]
@@ -202,28 +212,15 @@ pub struct JitArgs {
     /// and no libstdc++; part of the cache key [default: FLASHGEN_MANYLINUX, else g++].
     #[arg(long, value_name = "2_N")]
     pub manylinux: Option<String>,
-    /// Must select exactly one instance.
-    #[command(flatten)]
-    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct WarmArgs {
-    /// The device's compute capability (MAJOR.MINOR), as for jit.
-    #[arg(long, value_name = "MAJOR.MINOR")]
-    pub device_cc: String,
-    /// Architectures to build for instead of the device's own (they must run on the device).
-    #[arg(long, value_name = "LIST")]
-    pub arch: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Parallel nvcc jobs [default: MAX_JOBS, else min(cores, available memory / 2 GiB)].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
-    /// A command to run the nvcc compile step through (as for build).
-    #[arg(long, value_name = "CMD")]
-    pub launcher: Option<String>,
-    /// The glibc target, as for jit [default: FLASHGEN_MANYLINUX, else g++].
-    #[arg(long, value_name = "2_N")]
-    pub manylinux: Option<String>,
     /// Print only errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,

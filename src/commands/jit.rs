@@ -187,8 +187,8 @@ fn die_with_parent() {
 
 pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
     die_with_parent();
-    let cc = Capability::parse(&args.device_cc, "--device-cc")?;
-    let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
+    let cc = Capability::parse(&args.device.device_cc, "--device-cc")?;
+    let (requested, _) = arch::resolve_for_device(args.device.arch.as_deref(), cc)?;
     let selected = args.filter.select(matrix)?;
     let (inst, archs) = match configurations(matrix, &selected).as_slice() {
         [choices] => for_device(matrix, choices, &requested, cc)?,
@@ -201,8 +201,8 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
             .into())
         }
     };
-    let launcher = Launcher::resolve(args.launcher.as_deref())?;
-    let target = Glibc::resolve(args.manylinux.as_deref())?;
+    let launcher = Launcher::resolve(args.device.launcher.as_deref())?;
+    let target = Glibc::resolve(args.device.manylinux.as_deref())?;
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
     let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);

@@ -22,8 +22,8 @@ use crate::ui::Ui;
 
 pub fn run(matrix: &Matrix, args: &WarmArgs) -> Result<()> {
     let ui = Ui::new(args.quiet);
-    let cc = Capability::parse(&args.device_cc, "--device-cc")?;
-    let (requested, _) = arch::resolve_for_device(args.arch.as_deref(), cc)?;
+    let cc = Capability::parse(&args.device.device_cc, "--device-cc")?;
+    let (requested, _) = arch::resolve_for_device(args.device.arch.as_deref(), cc)?;
     let selected = args.filter.select(matrix)?;
     // Per configuration, what `flashgen jit` would build for the device (the same decider).
     let mut chosen = Vec::new();
@@ -41,8 +41,8 @@ pub fn run(matrix: &Matrix, args: &WarmArgs) -> Result<()> {
         ));
     }
     let jobs = default_jobs(args.jobs, &ui)?;
-    let launcher = Launcher::resolve(args.launcher.as_deref())?;
-    let target = Glibc::resolve(args.manylinux.as_deref())?;
+    let launcher = Launcher::resolve(args.device.launcher.as_deref())?;
+    let target = Glibc::resolve(args.device.manylinux.as_deref())?;
     let mut groups: Vec<(Vec<Arch>, Vec<&Instance>)> = Vec::new();
     for (inst, archs) in chosen {
         match groups.iter_mut().find(|(a, _)| *a == archs) {
