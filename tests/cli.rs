@@ -585,11 +585,7 @@ fn wheel_names(path: &Path) -> Vec<String> {
 #[test]
 fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
     let t = Tree::new("toy");
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write(
-        "python/flashgen/__init__.py",
-        "\"\"\"stand-in package\"\"\"\n",
-    );
+    t.with_python_package();
     t.write("README.md", "# toy\n");
     let build = |out: &str| {
         let o = t
@@ -917,8 +913,7 @@ fn a_build_of_another_config_runs_no_code_from_the_working_folder() {
 
 /// A JIT-only wheel of the toy tree (no toolchain needed); `/bin/true` stands in for the binary.
 fn jit_only_wheel(t: &Tree) -> Output {
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write("python/flashgen/__init__.py", "\"\"\"stand-in\"\"\"\n");
+    t.with_python_package();
     let mut c = without_toolchain(t.cmd());
     c.args([
         "build-wheel",

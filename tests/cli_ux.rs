@@ -211,11 +211,7 @@ fn doctor_inside_an_installed_wheel_reports_its_precompiled_set() {
 #[test]
 fn a_jit_only_wheel_needs_no_toolchain_and_ships_an_empty_manifest() {
     let t = Tree::new("toy");
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write(
-        "python/flashgen/__init__.py",
-        "\"\"\"stand-in package\"\"\"\n",
-    );
+    t.with_python_package();
     let o = without_toolchain(t.cmd())
         .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
         .output()

@@ -206,11 +206,7 @@ fn a_missing_zig_is_a_clear_error() {
 #[test]
 fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
     let Some((t, zig)) = setup() else { return };
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write(
-        "python/flashgen/__init__.py",
-        "\"\"\"stand-in package\"\"\"\n",
-    );
+    t.with_python_package();
     // A stand-in for the static flashgen binary: any ELF that needs no newer glibc.
     std::fs::write(t.path("stub.c"), "int main(void) { return 0; }\n").unwrap();
     let stub = t.path("stub");

@@ -10,15 +10,6 @@ use serde_json::Value;
 mod common;
 use common::*;
 
-/// A stand-in Python package, so the fixture tree can be packed.
-fn with_package(t: &Tree) {
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write(
-        "python/flashgen/__init__.py",
-        "\"\"\"stand-in package\"\"\"\n",
-    );
-}
-
 /// Replaces the fixture's variants.json top-level `release`.
 fn set_release(t: &Tree, release: Value) {
     let path = t.path("variants.json");
@@ -40,7 +31,7 @@ fn manifest_of(wheel: &Path) -> Value {
 #[test]
 fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_room() {
     let t = Tree::new("toy");
-    with_package(&t);
+    t.with_python_package();
     // The shipped binary alone (this test binary's flashgen, several MiB) is over 1 MiB.
     let o = without_toolchain(t.cmd())
         .args([
@@ -115,7 +106,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
         panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
     }
     let t = Tree::new("toy");
-    with_package(&t);
+    t.with_python_package();
     // A two-instance matrix whose AOT subset is one of them; two release archs, one with PTX.
     let path = t.path("variants.json");
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -387,8 +387,7 @@ fn an_output_edited_with_its_mtime_set_back_is_rewritten() {
 #[test]
 fn build_wheel_rebuilds_a_corrupt_object_instead_of_refusing_it_every_run() {
     let t = Tree::new("toy");
-    std::fs::create_dir_all(t.path("python/flashgen")).unwrap();
-    t.write("python/flashgen/__init__.py", "\"\"\"stand-in\"\"\"\n");
+    t.with_python_package();
     let wheel = |out: &str| {
         let o = t
             .cmd()

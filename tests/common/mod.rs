@@ -48,6 +48,14 @@ impl Tree {
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().unwrap()
     }
+    /// A stand-in `python/flashgen` package, so that `build-wheel` can pack the fixture tree.
+    pub fn with_python_package(&self) {
+        std::fs::create_dir_all(self.path("python/flashgen")).unwrap();
+        self.write(
+            "python/flashgen/__init__.py",
+            "\"\"\"stand-in package\"\"\"\n",
+        );
+    }
 }
 
 pub fn copy_dir(from: &Path, to: &Path) {
