@@ -194,7 +194,11 @@ fn installed_wheel(exe: &Path) -> Option<serde_json::Value> {
     let mut kernels = Vec::new();
     for k in manifest["kernel_packages"].as_array().into_iter().flatten() {
         let name = k["package"].as_str().unwrap_or_default();
-        let installed = package.parent().and_then(|site| read(&site.join(name)));
+        // As the loader takes them: beside the package, and of its version.
+        let installed = package
+            .parent()
+            .and_then(|site| read(&site.join(name)))
+            .filter(|m| m["flashgen_version"] == manifest["flashgen_version"]);
         if let Some(m) = &installed {
             precompiled += count(m);
             archs.extend(m["archs"].as_array().cloned().unwrap_or_default());
