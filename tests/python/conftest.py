@@ -8,6 +8,9 @@
   ``FLASHGEN_CACHE_DIR`` (tests never touch ``~/.cache``).
 - ``FakeCudaTensor``: a DLPack producer that claims to live on a CUDA device, for validation
   tests on machines without a GPU (no real CUDA tensor exists there).
+- ``NO_JIT``: ``FLASHGEN_TEST_DISABLE_JIT=1`` runs every test with ``FLASHGEN_DISABLE_JIT=1``
+  (the GPU suites against an installed release: nothing may compile at run time). A test that
+  needs the JIT (a user variant) then checks ``JITDisabledError`` instead, through ``needs_jit``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_SRC = REPO / "python"
+NO_JIT = os.environ.get("FLASHGEN_TEST_DISABLE_JIT") == "1"
 # The small wheel CI builds: one instance, one arch.
 SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
                     "--where", "head_dim=128", "--where", "pos_encoding=none", "--where", "variant=default",
@@ -50,12 +54,26 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC",
                 "FLASHGEN_MANYLINUX"):
         monkeypatch.delenv(var, raising=False)
+    if NO_JIT:
+        monkeypatch.setenv("FLASHGEN_DISABLE_JIT", "1")
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
     for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._variant"):
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
+
+
+def needs_jit(call: Callable[[], Any]) -> None:
+    """Run ``call``, which compiles a user variant; under ``NO_JIT`` it must fail with
+    ``JITDisabledError`` naming the switch instead (a release without a toolchain)."""
+    if not NO_JIT:
+        call()
+        return
+    import flashgen
+
+    with pytest.raises(flashgen.JITDisabledError, match="FLASHGEN_DISABLE_JIT=1"):
+        call()
 
 
 # ---- toolchain ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import FLASH_SIGMOID_PARAMS, flash_sigmoid_source  # noqa: E402
+from conftest import FLASH_SIGMOID_PARAMS, flash_sigmoid_source, needs_jit  # noqa: E402
 
 DEV = "cuda:0"
 TOL = {"bf16": 2e-2, "f16": 4e-3}
@@ -215,9 +215,13 @@ def test_jit_compiled_instances() -> None:
 
 def test_custom_variant_rfc_flash_sigmoid() -> None:
     v = flashgen.Variant(CUSTOM_NAME, flash_sigmoid_source(), params=FLASH_SIGMOID_PARAMS)
-    for dtype in ("bf16", "f16"):
-        run_single(dtype, 128, v, "NHD", kv_len=777)
-    run_batch("bf16", 128, 16, v, "HND")
+
+    def calls() -> None:
+        for dtype in ("bf16", "f16"):
+            run_single(dtype, 128, v, "NHD", kv_len=777)
+        run_batch("bf16", 128, 16, v, "HND")
+
+    needs_jit(calls)
 
 
 # ---- frameworks, streams, out= --------------------------------------------------------------------

@@ -74,7 +74,7 @@ if not all(hasattr(flashgen, name) for name in _API):
     pytest.skip("this flashgen has no prefill API yet (single_prefill, batch_prefill, batch_prefill_paged)",
                 allow_module_level=True)
 
-from conftest import FLASH_SIGMOID_PARAMS, flash_sigmoid_source  # noqa: E402
+from conftest import FLASH_SIGMOID_PARAMS, NO_JIT, flash_sigmoid_source, needs_jit  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
 torch.backends.cudnn.allow_tf32 = False
@@ -691,6 +691,8 @@ def _warm(_gpu_cache: str, request: pytest.FixtureRequest) -> None:
              "FLASHGEN_DEVICE_CC")
     saved = {n: os.environ.pop(n, None) for n in names}  # as conftest leaves them for a test
     os.environ["FLASHGEN_CACHE_DIR"] = _gpu_cache
+    if NO_JIT:
+        os.environ["FLASHGEN_DISABLE_JIT"] = "1"
     failed: list[str] = []
 
     def one(key: tuple[Any, ...]) -> None:
@@ -741,7 +743,7 @@ def test_rope_llama(case: dict[str, Any]) -> None:
 def test_custom_variant_rfc_flash_sigmoid(case: dict[str, Any]) -> None:
     """The RFC's FlashSigmoid (unchanged but for its name), compiled by the JIT for prefill.
     Its LogitsMask is always true: the causal mask comes from causal=, as for built-ins."""
-    (run_single if case["kind"] == "single" else run_batch)(case)
+    needs_jit(lambda: (run_single if case["kind"] == "single" else run_batch)(case))
 
 
 # ---------------------------------------------------------------- every precompiled instance
