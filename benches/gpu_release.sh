@@ -8,6 +8,9 @@
 #   bash benches/gpu_release.sh BIN [ARCHS] [SECONDS]
 # ARCHS: the release architectures to build (default: 9.0a, this GPU's; "" builds them all).
 # SECONDS: the call's own limit; the suites get what the build leaves (default 590).
+# SAVE=1 also leaves the wheels in $OUT/wheels, cut into 15 MiB parts (a device call returns no
+# larger file); WHEELS=DIR skips the build and tests the wheels in DIR (parts are joined first),
+# for a later call. SUITES: which of "first api prefill decode" to run (default: all).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/flashgen-release}
@@ -20,18 +23,31 @@ left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvcc --version | tail -1
 
 REL=/tmp/flashgen-rel
-rm -rf "$REL" && mkdir -p "$REL"
-arch_args=()
-[ -n "$ARCHS" ] && arch_args=(--arch "$ARCHS")
-/usr/bin/time -f "release build: %e s wall, %U s user, %S s system, max RSS %M KiB" \
-  "$BIN" --config variants.json build-wheel --release "${arch_args[@]}" -j "$(nproc)" --quiet \
-  --out "$REL/dist" --build-dir "$REL/build" > "$OUT/release_build.log" 2>&1
-echo "build-wheel --release rc=$?"
-tail -3 "$OUT/release_build.log"
-ls -l "$REL/dist"
-python3 benches/release_size.py "$REL"/dist/*.whl > "$OUT/release_size.txt" 2>&1
-tail -25 "$OUT/release_size.txt"
-sha256sum "$REL"/dist/*.whl > "$OUT/release_sha256.txt"
+if [ -n "${WHEELS:-}" ]; then
+  mkdir -p "$REL/dist"
+  for part in "$WHEELS"/*.whl.part-aa; do
+    [ -e "$part" ] && cat "${part%-aa}"-* > "$REL/dist/$(basename "${part%.part-aa}")"
+  done
+  cp -n "$WHEELS"/*.whl "$REL/dist/" 2>/dev/null
+  ls -l "$REL/dist"
+else
+  rm -rf "$REL" && mkdir -p "$REL"
+  arch_args=()
+  [ -n "$ARCHS" ] && arch_args=(--arch "$ARCHS")
+  /usr/bin/time -f "release build: %e s wall, %U s user, %S s system, max RSS %M KiB" \
+    "$BIN" --config variants.json build-wheel --release "${arch_args[@]}" -j "$(nproc)" --quiet \
+    --out "$REL/dist" --build-dir "$REL/build" > "$OUT/release_build.log" 2>&1
+  echo "build-wheel --release rc=$?"
+  tail -3 "$OUT/release_build.log"
+  ls -l "$REL/dist"
+  python3 benches/release_size.py "$REL"/dist/*.whl > "$OUT/release_size.txt" 2>&1
+  tail -25 "$OUT/release_size.txt"
+  sha256sum "$REL"/dist/*.whl > "$OUT/release_sha256.txt"
+  if [ "${SAVE:-}" = 1 ]; then
+    mkdir -p "$OUT/wheels"
+    for w in "$REL"/dist/*.whl; do split -b 15M "$w" "$OUT/wheels/$(basename "$w").part-"; done
+  fi
+fi
 
 SITE=/tmp/flashgen-rel-site
 rm -rf "$SITE"
@@ -51,10 +67,17 @@ suite() {  # name, then pytest arguments; each suite gets what is left, less a m
   echo "pytest ($name) rc=$rc in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed|^SKIPPED" "$OUT/pytest_$name.log" | cut -c1-220 | tail -12
 }
-python3 benches/first_call.py precompiled > "$OUT/first_call.log" 2>&1
-echo "first_call.py precompiled rc=$?"; tail -8 "$OUT/first_call.log"
-suite api tests/python/test_api_gpu.py
-suite prefill tests/python/test_prefill_gpu.py
+SUITES=${SUITES:-first api prefill decode}
+want() { [[ " $SUITES " == *" $1 "* ]]; }
+if want first; then
+  python3 benches/first_call.py precompiled > "$OUT/first_call.log" 2>&1
+  echo "first_call.py precompiled rc=$?"; tail -8 "$OUT/first_call.log"
+fi
+want api && suite api tests/python/test_api_gpu.py
+want prefill && suite prefill tests/python/test_prefill_gpu.py
 kernels=$(ls -d "$SITE"/flashgen_kernels_*/_aot | head -1)
-FLASHGEN_TEST_SO_DIR=$kernels suite decode tests/python/test_decode_gpu.py
+want decode && FLASHGEN_TEST_SO_DIR=$kernels suite decode tests/python/test_decode_gpu.py
 echo "left: $(left) s"
+# A device call returns at most 8 files: the logs travel as one archive beside the wheel parts.
+tar -C "$OUT" -czf /tmp/flashgen-release-logs.tgz --exclude=./wheels . \
+  && find "$OUT" -maxdepth 1 -type f -delete && mv /tmp/flashgen-release-logs.tgz "$OUT/logs.tgz"
