@@ -227,7 +227,7 @@ impl<'m> Builder<'m> {
             &archs,
             compress,
             toolchain.manylinux.is_some(),
-            compile::cuda_major(&toolchain),
+            crate::toolchain::cuda_major(&toolchain),
         );
         let search_dirs = search_dirs(matrix);
         let hasher = SourceHasher::new(&matrix.root, search_dirs.clone());
@@ -261,7 +261,7 @@ impl<'m> Builder<'m> {
             archs,
             self.compress,
             self.toolchain.manylinux.is_some(),
-            compile::cuda_major(&self.toolchain),
+            crate::toolchain::cuda_major(&self.toolchain),
         )
     }
 

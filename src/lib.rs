@@ -23,6 +23,7 @@ pub mod instance;
 pub mod manylinux;
 pub mod matrix;
 pub mod param_types;
+pub mod python_env;
 pub mod records;
 pub mod release;
 pub mod stamp;

@@ -217,7 +217,7 @@ impl ZigHost {
             })?
             .join("toolchain");
         let (fini, fini_sha) = dso_fini_object(&zig, &probe, target, &dir)?;
-        let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
+        let quote = |p: &Path| crate::ui::shell_quote(&p.display().to_string());
         let includes: Vec<String> = probe
             .includes
             .iter()
@@ -404,7 +404,7 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
             ));
         }
     }
-    for site in crate::toolchain::python_site_packages() {
+    for site in crate::python_env::python_site_packages() {
         let p = site.join("ziglang/zig");
         if p.is_file() {
             return Ok((p, format!("python package ziglang in {}", site.display())));
