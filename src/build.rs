@@ -60,10 +60,8 @@ enum HandOutError {
 
 pub struct BuildOptions {
     pub out_dir: PathBuf,
-    pub archs: Vec<Arch>,
     pub jobs: usize,
     pub keep_going: bool,
-    pub compress: bool,
     /// Answer an unchanged rebuild from the stamp (`build-wheel` always verifies instead).
     pub use_stamp: bool,
 }

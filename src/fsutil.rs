@@ -102,12 +102,6 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
         .saturating_add(meta.mtime_nsec())
 }
 
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(sha256_reader(&mut f)?)
-}
-
 pub fn sha256_reader(r: &mut impl std::io::Read) -> std::io::Result<String> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();

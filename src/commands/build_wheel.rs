@@ -502,7 +502,7 @@ fn build_aot<'m>(
     } else {
         super::buildable(&builder, &selected, ui)?
     };
-    let mut opts = super::build::options(c, &builder, build_dir.clone(), ui)?;
+    let mut opts = super::build::options(c, build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
     opts.use_stamp = false;
     let report = builder.build(&selected, &opts, ui)?;

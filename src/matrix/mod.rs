@@ -2,7 +2,7 @@
 //! and their expansion into [`Instance`]s.
 //!
 //! [`Matrix::load`] reads `variants.json` (and any `--variants-file`) through the plain
-//! [`config`](crate::config) mirror; [`validate`] holds every rule that refuses a config (each
+//! [`config`] mirror; [`validate`] holds every rule that refuses a config (each
 //! error names the file and field), and [`expand`] walks each module's axes into instances and
 //! their URIs. Everything after this module reads a `Matrix` that is already known to be good.
 
@@ -216,7 +216,8 @@ impl Matrix {
 
     /// [`load`](Matrix::load) over texts already read: `config_text` as if read from
     /// `config_path` (whose folder holds `csrc/` and `include/`), and each `--variants-file` as
-    /// `(path, text)`. Every refusal is a [`UsageError`]; no input makes it panic.
+    /// `(path, text)`. Every refusal is a [`UsageError`](crate::error::UsageError); no input
+    /// makes it panic.
     pub fn from_text(
         config_path: &Path,
         config_text: String,
