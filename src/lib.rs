@@ -76,6 +76,9 @@ pub(crate) mod toolchain;
 pub(crate) mod ui;
 pub mod wheel;
 
+#[cfg(test)]
+mod testing;
+
 pub use compile::{guard_main, GUARD_ARG};
 pub use toolchain::drop_relative_search_paths;
 pub use ui::set_verbose;

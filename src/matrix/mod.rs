@@ -309,3 +309,184 @@ pub fn code_field(axis: &Axis) -> String {
         format!("{}_code", axis.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::filter::FilterArgs;
+    use crate::testing::Toy;
+
+    fn value<'m>(m: &'m Matrix, inst: &Instance, axis: &str) -> &'m Value {
+        let module = m.module(inst);
+        let i = module.axes.iter().position(|a| a.name == axis).unwrap();
+        &module.axes[i].values[inst.choice[i]]
+    }
+
+    #[test]
+    fn expansion_is_every_combination_last_axis_fastest() {
+        let m = Toy::new().matrix();
+        // dtype 2 x width 3 x fast 2 x mode 2 x variant 2
+        assert_eq!(m.instances.len(), 48);
+        let uris: Vec<&str> = m.instances.iter().map(|i| i.uri.as_str()).collect();
+        assert_eq!(
+            uris[0],
+            "toy_dtype_f16_width_32_fast_false_mode_sum_variant_plain"
+        );
+        assert_eq!(
+            uris[1],
+            "toy_dtype_f16_width_32_fast_false_mode_sum_variant_scaled"
+        );
+        assert_eq!(
+            uris[2],
+            "toy_dtype_f16_width_32_fast_false_mode_max_variant_plain"
+        );
+        assert_eq!(
+            uris[47],
+            "toy_dtype_bf16_width_128_fast_true_mode_max_variant_scaled"
+        );
+        let unique: HashSet<&str> = uris.iter().copied().collect();
+        assert_eq!(unique.len(), 48);
+        for inst in &m.instances {
+            assert_eq!(expand::uri(m.module(inst), &inst.choice), inst.uri);
+        }
+    }
+
+    #[test]
+    fn runtime_codes_are_ints_bools_and_positions() {
+        let m = Toy::new().matrix();
+        let last = &m.instances[47];
+        let codes = m.codes_json(last);
+        assert_eq!(
+            Json::Object(codes),
+            json!({"dtype": 1, "width": 128, "fast": 1, "mode": 1, "variant": 1})
+        );
+        assert_eq!(
+            m.instance_variants(last)
+                .map(|v| v.struct_name.as_str())
+                .collect::<Vec<_>>(),
+            ["Scaled"]
+        );
+    }
+
+    #[test]
+    fn aot_subset_is_include_minus_exclude() {
+        let m = Toy::new().matrix();
+        let aot: Vec<&Instance> = m.instances.iter().filter(|i| i.aot).collect();
+        // include width=64, fast=true: 2 dtypes x 2 modes x 2 variants; exclude scaled with max.
+        assert_eq!(aot.len(), 6);
+        for inst in aot {
+            assert_eq!(value(&m, inst, "width"), &Value::Int(64));
+            assert_eq!(value(&m, inst, "fast"), &Value::Bool(true));
+            assert!(
+                !(value(&m, inst, "variant") == &Value::Name("scaled".into())
+                    && value(&m, inst, "mode") == &Value::Name("max".into()))
+            );
+        }
+    }
+
+    #[test]
+    fn a_user_variant_extends_the_variant_axis_and_is_never_aot() {
+        let toy = Toy::new();
+        toy.write(
+            "mine/mine.cuh",
+            "#pragma once\ntemplate <typename P> struct Mine {};\n",
+        );
+        toy.write(
+            "mine/variants.json",
+            r#"{"variants": {"mine": {"header": "mine.cuh", "struct": "Mine", "params": []}}}"#,
+        );
+        let m = toy.matrix_with(&["mine/variants.json"]).unwrap();
+        assert_eq!(m.instances.len(), 72);
+        let mine: Vec<&Instance> = m
+            .instances
+            .iter()
+            .filter(|i| value(&m, i, "variant") == &Value::Name("mine".into()))
+            .collect();
+        assert_eq!(mine.len(), 24);
+        assert!(mine.iter().all(|i| !i.aot));
+        assert!(mine[0].uri.ends_with("_variant_mine"));
+        assert!(m.variant("mine").unwrap().user);
+        // The built-in subset is unchanged.
+        assert_eq!(m.instances.iter().filter(|i| i.aot).count(), 6);
+    }
+
+    #[test]
+    fn a_negative_int_value_is_spelled_neg_in_the_uri() {
+        let toy = Toy::new();
+        let mut c = toy.config();
+        c["modules"]["toy"]["axes"][1] =
+            json!({"name": "width", "type": "int", "values": [-8, 8], "min": -8});
+        c["modules"]["toy"]["aot"]["include"][0]["width"] = json!([8]);
+        toy.set_config(&c);
+        let m = toy.matrix();
+        assert!(m.instances[0].uri.contains("_width_neg8_"));
+        assert!(m.instances[8].uri.contains("_width_8_"));
+        assert_eq!(m.codes_json(&m.instances[0])["width"], json!(-8));
+    }
+
+    #[test]
+    fn filters_select_in_matrix_order() {
+        let m = Toy::new().matrix();
+        let select = |module: Option<&str>, wheres: &[&str], aot: bool| {
+            FilterArgs {
+                module: module.map(str::to_string),
+                wheres: wheres.iter().map(|s| s.to_string()).collect(),
+                aot,
+            }
+            .select(&m)
+        };
+        assert_eq!(select(None, &[], false).unwrap().len(), 48);
+        assert_eq!(select(Some("t*"), &[], false).unwrap().len(), 48);
+        let bf16_wide = select(None, &["dtype=bf16", "width=*28"], false).unwrap();
+        assert_eq!(bf16_wide.len(), 8);
+        assert!(bf16_wide
+            .iter()
+            .all(|i| i.uri.starts_with("toy_dtype_bf16_width_128_")));
+        let at = |i: &Instance| m.instances.iter().position(|x| x.uri == i.uri).unwrap();
+        assert!(bf16_wide.windows(2).all(|w| at(w[0]) < at(w[1])));
+        assert_eq!(select(None, &["mode=sum"], true).unwrap().len(), 4);
+        let none = select(None, &["width=7"], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&none), 1, "{none:#}");
+        let unknown = select(None, &["depth=1"], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&unknown), 2, "{unknown:#}");
+        let module = select(Some("other"), &[], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&module), 2, "{module:#}");
+    }
+
+    #[test]
+    fn the_release_defaults_to_archs_and_reads_its_own_list() {
+        let toy = Toy::new();
+        let m = toy.matrix();
+        assert_eq!(m.release.archs, ["8.0"]);
+        assert_eq!(m.release.max_wheel_bytes, 100 << 20);
+        let mut c = toy.config();
+        c["release"] = json!({"archs": ["8.0+PTX", "9.0a"], "max_wheel_mib": 7});
+        toy.set_config(&c);
+        let m = toy.matrix();
+        assert_eq!(m.release.archs, ["8.0+PTX", "9.0a"]);
+        assert_eq!(m.release.max_wheel_bytes, 7 << 20);
+        // The release builds every instance, AOT subset or not: it names archs, not instances.
+        assert_eq!(m.instances.len(), 48);
+    }
+
+    #[test]
+    fn an_instance_limit_is_checked_before_expanding() {
+        let toy = Toy::new();
+        let config = toy.path("variants.json");
+        let text = std::fs::read_to_string(&config).unwrap();
+        let err = Matrix::from_text(&config, text.clone(), &[], 47).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("the matrix has 48 instances, more than the limit of 47"),
+            "{err:#}"
+        );
+        assert_eq!(
+            Matrix::from_text(&config, text, &[], 48)
+                .unwrap()
+                .instances
+                .len(),
+            48
+        );
+    }
+}
