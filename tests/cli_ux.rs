@@ -78,10 +78,12 @@ fn every_verb_takes_verbose() {
 
 #[test]
 fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
-    if project_nvcc().is_none() {
-        eprintln!("skipped: no nvcc (FLASHGEN_NVCC or the project venv)");
+    let Some(_) = require(
+        project_nvcc(),
+        "no nvcc (FLASHGEN_NVCC or the project venv)",
+    ) else {
         return;
-    }
+    };
     let t = Tree::new("toy");
     let o = t
         .cmd()
@@ -152,7 +154,12 @@ fn doctor_reports_version_host_compiler_origin_torch_and_gpu() {
         v["gpus"].is_array() || v["gpus"]["error"].is_string(),
         "{v}"
     );
-    if project_nvcc().is_some() {
+    if require(
+        project_nvcc(),
+        "doctor's toolchain checks need nvcc (FLASHGEN_NVCC or the project venv)",
+    )
+    .is_some()
+    {
         assert_eq!(
             v["toolchain"]["host_compiler_found_by"], "NVCC_CCBIN",
             "{v}"

@@ -17,23 +17,10 @@ const INSTANCE: &[&str] = &[
     "variant=plain",
 ];
 
-fn zig() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
-        return Some(p.into());
-    }
-    // <site>/nvidia/cu13/bin/nvcc -> <site>/ziglang/zig, where ci/setup.sh installs it.
-    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
-    p.is_file().then_some(p)
-}
-
-/// The tree, with FLASHGEN_ZIG set, or None (and a note) when a tool is missing.
+/// The tree, with FLASHGEN_ZIG set, or None when a tool is missing (a skip, see `require`).
+#[track_caller]
 fn setup() -> Option<(Tree, PathBuf)> {
-    let (Some(_), Some(zig)) = (project_nvcc(), zig()) else {
-        eprintln!(
-            "skipped: needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)"
-        );
-        return None;
-    };
+    let zig = require(project_nvcc().and(zig()), NEEDS_ZIG)?;
     Some((Tree::new("toy"), zig))
 }
 

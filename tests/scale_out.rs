@@ -548,8 +548,10 @@ impl Drop for Sccache {
 #[test]
 fn sccache_hits_across_output_folders_with_the_same_bytes() {
     let _shared = shared();
-    let Some(bin) = tool("sccache") else {
-        eprintln!("SKIPPED: sccache (ci/requirements-test.txt) is not installed");
+    let Some(bin) = require(
+        tool("sccache"),
+        "sccache (ci/requirements-test.txt) is not installed",
+    ) else {
         return;
     };
     let t = Tree::new("toy");
@@ -599,11 +601,6 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
         assert_ne!(pa, pb);
         assert!(std::fs::read(pa).unwrap() == std::fs::read(pb).unwrap());
     }
-}
-
-/// The skip line of a test that needs something this machine lacks.
-fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
 }
 
 /// Polls `ready` every 200 ms for at most `limit`; whether it became true.
@@ -685,11 +682,23 @@ fn dist_auth(dist: &Path, args: &[&str]) -> String {
     stdout(&o).trim().to_string()
 }
 
-/// Why this machine cannot run a loopback sccache-dist cluster, if it cannot.
-fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
-    let sccache = tool("sccache").ok_or("sccache (ci/requirements-test.txt) is not installed")?;
-    let dist = tool("sccache-dist")
-        .ok_or("sccache-dist (shipped with sccache, ci/requirements-test.txt) is not installed")?;
+/// sccache and sccache-dist (which CI installs), or None after a skip (see `require`).
+fn dist_tools() -> Option<(PathBuf, PathBuf)> {
+    let sccache = require(
+        tool("sccache"),
+        "sccache (ci/requirements-test.txt) is not installed",
+    )?;
+    let dist = require(
+        tool("sccache-dist"),
+        "sccache-dist (shipped with sccache, ci/requirements-test.txt) is not installed",
+    )?;
+    Some((sccache, dist))
+}
+
+/// Why this machine cannot run a loopback sccache-dist cluster, if it cannot: what CI may lack
+/// too (bubblewrap is installed with apt, as root or through sudo; the build server runs as
+/// root), so the test skips on it even under CI, saying why.
+fn dist_unavailable() -> Result<(), String> {
     let bwrap = tool("bwrap").ok_or(
         "bubblewrap (`bwrap`, Debian package `bubblewrap`) is not installed; \
          ci/setup.sh installs it under CI or as root",
@@ -715,16 +724,18 @@ fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
             stderr(&probe).trim()
         ));
     }
-    Ok((sccache, dist))
+    Ok(())
 }
 
 #[test]
 fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
     let _alone = DIST_ALONE.write().unwrap_or_else(|e| e.into_inner());
-    let (sccache, dist) = match dist_unavailable() {
-        Ok(found) => found,
-        Err(why) => return skip(&format!("loopback sccache-dist: {why}")),
+    let Some((sccache, dist)) = dist_tools() else {
+        return;
     };
+    if let Err(why) = dist_unavailable() {
+        return skip_even_under_ci(&format!("loopback sccache-dist: {why}"));
+    }
     let t = Tree::new("toy");
     let sel = wheres(&["dtype=bf16", "fast=false", "mode=max", "variant=scaled"]);
     // The reference: a local build without a launcher.
@@ -807,7 +818,7 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         })
     });
     if !registered || scheduler.exited() || server.exited() {
-        return skip(&format!(
+        return skip_even_under_ci(&format!(
             "loopback sccache-dist: the build server did not register within 30 s \
              (status {status:?})\nscheduler log:\n{}\nserver log:\n{}",
             scheduler.log_tail(),

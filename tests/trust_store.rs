@@ -426,21 +426,9 @@ fn build_wheel_rebuilds_a_corrupt_object_instead_of_refusing_it_every_run() {
 
 // ---- the zig dso-fini object ------------------------------------------------------------------
 
-/// zig 0.13 as tests/manylinux.rs finds it (`FLASHGEN_ZIG`, else the PyPI `ziglang` beside nvcc).
-fn zig() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
-        return Some(p.into());
-    }
-    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
-    p.is_file().then_some(p)
-}
-
 #[test]
 fn the_zig_dso_fini_object_is_verified_and_rebuilt() {
-    let (Some(_), Some(zig)) = (project_nvcc(), zig()) else {
-        eprintln!(
-            "skipped: needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)"
-        );
+    let Some(zig) = require(project_nvcc().and(zig()), NEEDS_ZIG) else {
         return;
     };
     let t = Tree::new("toy");

