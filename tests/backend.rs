@@ -122,13 +122,7 @@ fn describe_carries_the_backend_order_and_what_each_runs_on() {
 /// The fixture's variants.json with `edit` applied; the command's output.
 fn with_config(edit: impl FnOnce(&mut Value), args: &[&str]) -> std::process::Output {
     let t = Tree::new("backend");
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("variants.json")).unwrap()).unwrap();
-    edit(&mut cfg);
-    t.write(
-        "variants.json",
-        &serde_json::to_string_pretty(&cfg).unwrap(),
-    );
+    t.edit(edit);
     t.run(args)
 }
 
@@ -450,18 +444,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
 fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
     let t = Tree::new("backend");
     let pick = |cc: &str| {
-        let o = t.run(&[
-            "jit",
-            "--device-cc",
-            cc,
-            "--no-compile",
-            "--module",
-            "kern",
-            "--where",
-            "width=64",
-        ]);
-        assert!(o.status.success(), "{cc}: {}", stderr(&o));
-        let a = json(&o);
+        let a = jit_answer(&t, cc, "64");
         (
             a["params"]["backend"].as_str().unwrap().to_string(),
             a["arch"].as_str().unwrap().to_string(),

@@ -243,18 +243,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
 
 /// What `jit --no-compile` answers for `kern width=W` on a device of `cc`: (backend, source).
 fn jit_lookup(t: &Tree, cc: &str, width: &str) -> (String, String) {
-    let o = t.run(&[
-        "jit",
-        "--device-cc",
-        cc,
-        "--no-compile",
-        "--module",
-        "kern",
-        "--where",
-        &format!("width={width}"),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let a = json(&o);
+    let a = jit_answer(t, cc, width);
     (
         a["params"]["backend"].as_str().unwrap().to_string(),
         a["source"].as_str().unwrap().to_string(),

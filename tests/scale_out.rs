@@ -457,16 +457,8 @@ fn ninja_builds_the_plan_with_flashgens_bytes() {
         1
     );
     // compile_commands.json lists the compile step, as ninja ran it.
-    let cc: Value = serde_json::from_str(
-        &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
-    )
-    .unwrap();
-    let args: Vec<&str> = cc[0]["arguments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let cc = first_compile_command(&t.path("gen"));
+    let args = arguments(&cc);
     assert!(args.contains(&"-c") && !args.iter().any(|a| a.starts_with("-L")));
 }
 

