@@ -15,7 +15,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::UsageError;
 use crate::fsutil;
@@ -246,34 +245,12 @@ pub fn drop_relative_search_paths() {
 }
 
 fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versions> {
-    let mut id = Sha256::new();
-    for p in [nvcc, host] {
-        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        id.update(format!("{}|{}|{:?}\n", p.display(), meta.len(), mtime));
-    }
-    let memo = cache_dir.map(|d| {
-        d.join("toolchain")
-            .join(format!("{:x}.json", id.finalize()))
-    });
-    if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
-        if let Ok(v) = serde_json::from_str::<Versions>(&text) {
-            return Ok(v);
-        }
-    }
-    let v = Versions {
-        nvcc: version_text(nvcc)?,
-        host: version_text(host)?,
-    };
-    // A cache we cannot write only costs a process next time.
-    if let Some(memo) = memo {
-        let _ = fsutil::write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
-    }
-    Ok(v)
+    fsutil::memoized(cache_dir, "", &[nvcc, host], || {
+        Ok(Versions {
+            nvcc: version_text(nvcc)?,
+            host: version_text(host)?,
+        })
+    })
 }
 
 fn version_text(program: &Path) -> Result<String> {

@@ -80,11 +80,7 @@ fn filters_select_backends_like_any_axis() {
     assert_eq!(aot[0]["uri"], PORTABLE_32);
     let o = t.run(&["list-variants", "--where", "backend=sm100"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("values on axis `backend`: sm90, portable"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "values on axis `backend`: sm90, portable");
 }
 
 #[test]
@@ -202,7 +198,7 @@ fn a_limit_that_leaves_an_instance_no_arch_is_refused_naming_file_and_field() {
         },
         &["list-variants", "--json", "--arch", "10.0a"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(
         row(json(&o).as_array().unwrap(), SM90_32)["archs"],
         json!(["10.0a"])
@@ -213,7 +209,7 @@ fn a_limit_that_leaves_an_instance_no_arch_is_refused_naming_file_and_field() {
 fn the_generated_header_exposes_the_backend_to_the_sources() {
     let t = Tree::new("backend");
     let o = t.run(&["generate", "--out", "gen"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let sm90 =
         std::fs::read_to_string(t.path(&format!("gen/{SM90_32}/flashgen_instance.cuh"))).unwrap();
     for needle in [
@@ -264,16 +260,15 @@ fn the_generated_header_exposes_the_backend_to_the_sources() {
     );
     // For 8.0 only, the sm90 instances are left out, with a note.
     let o = t.run(&["generate", "--out", "gen80", "--arch", "8.0"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(stderr(&o).contains("leaving out 2 instances built for none of 8.0"));
     assert!(!t.path(&format!("gen80/{SM90_32}")).exists());
     // One dispatching binary is compiled for every arch: it holds only what runs on all of them.
     let o = t.run(&["generate", "--dispatch", "--out", "disp"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--dispatch: 2 instances of kern are left out of its header"),
-        "{}",
-        stderr(&o)
+    assert_success(&o);
+    assert_stderr_has(
+        &o,
+        "--dispatch: 2 instances of kern are left out of its header",
     );
     let h = std::fs::read_to_string(t.path("disp/kern/flashgen_instance.cuh")).unwrap();
     assert!(h.contains("// axis backend (backend): portable\n"), "{h}");
@@ -286,7 +281,7 @@ fn the_generated_header_exposes_the_backend_to_the_sources() {
         "--arch",
         "9.0a",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let h = std::fs::read_to_string(t.path("disp90/kern/flashgen_instance.cuh")).unwrap();
     assert!(
         h.contains("// axis backend (backend): sm90, portable\n"),
@@ -305,7 +300,7 @@ fn a_build_for_8_0_never_compiles_an_sm90_instance() {
         ])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(
         stderr(&o).contains("skipping 2 of 4 instances: built for none of 8.0")
             && stderr(&o).contains(&format!("built only for 9.0a: {SM90_32}")),
@@ -408,7 +403,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
         t.run(&args)
     };
     let o = jit("9.0", &["--no-compile"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let a = json(&o);
     assert_eq!(a["params"]["backend"], "sm90");
     assert_eq!(
@@ -433,10 +428,9 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
         "width=32",
     ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("Instruction 'wgmma.fence' not supported on .target 'sm_80'"),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        "Instruction 'wgmma.fence' not supported on .target 'sm_80'",
     );
 }
 
@@ -517,7 +511,7 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
         .args(wheres(&["backend=sm90", "width=64"]))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["archs"], json!(["sm_90a"]));
     // A real compile: the sm90 instance for a Hopper device.
     let o = t.run(&[
@@ -529,7 +523,7 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
         "--where",
         "width=64",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let a = json(&o);
     assert_eq!(
         (a["params"]["backend"].as_str(), a["source"].as_str()),

@@ -101,7 +101,7 @@ fn cache_root_follows_one_rule() {
 fn a_new_cache_is_private_and_marked() {
     let t = Tree::new("toy");
     let o = t.run(&["doctor", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let meta = std::fs::metadata(t.path(".cache")).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o700);
     for sub in ["objects", "tmp", "locks"] {
@@ -159,7 +159,7 @@ fn an_unsafe_or_foreign_cache_root_is_refused_with_the_fix() {
         .args(["doctor"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(t.path("empty/CACHEDIR.TAG").is_file());
 }
 
@@ -174,12 +174,8 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
         .args(one())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--jobs 100000 capped at"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "--jobs 100000 capped at");
     let first = json(&o);
     let obj = object(&t, &first["instances"][0]);
     let good = std::fs::read(&obj).unwrap();
@@ -204,12 +200,8 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
         .args(one())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("cached object is corrupt"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "cached object is corrupt");
     let rebuilt = json(&o);
     assert_eq!(rebuilt["built"], 1);
     assert_eq!(std::fs::read(&obj).unwrap(), good);
@@ -225,7 +217,7 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
         .args(one())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(
         stderr(&o).contains("not a regular file") || stderr(&o).contains("cannot open"),
         "{}",
@@ -298,12 +290,9 @@ fn a_missing_entry_point_fails_the_instance_and_caches_nothing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let uri = "toy_dtype_f16_width_32_fast_true_mode_sum_variant_plain";
-    assert!(
-        stderr(&o).contains(&format!(
-            "{uri}: entry point `toy_missing` is not exported by the built .so"
-        )),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        &format!("{uri}: entry point `toy_missing` is not exported by the built .so"),
     );
     assert!(!stderr(&o).contains("nvcc failed"), "{}", stderr(&o));
     assert_eq!(json(&o)["failed"][0]["kind"], "entry_point");
@@ -355,10 +344,9 @@ fn a_header_saved_during_the_compile_is_not_cached_under_the_key_of_its_old_text
         .output()
         .unwrap();
     assert!(!o.status.success(), "the build claimed success");
-    assert!(
-        stderr(&o).contains("toy.cuh changed while the instance was compiling; build again"),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        "toy.cuh changed while the instance was compiling; build again",
     );
     assert_eq!(
         json(&o)["failed"][0]["kind"],
@@ -406,8 +394,8 @@ fn concurrent_builds_of_one_instance_compile_it_once() {
         let b = s.spawn(|| spawn("out-b").unwrap());
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert!(a.status.success(), "{}", stderr(&a));
-    assert!(b.status.success(), "{}", stderr(&b));
+    assert_success(&a);
+    assert_success(&b);
     assert_eq!(compiles_logged(&t), 1, "nvcc ran more than once");
     let built = json(&a)["built"].as_u64().unwrap() + json(&b)["built"].as_u64().unwrap();
     assert_eq!(built, 1);
@@ -514,7 +502,7 @@ fn generate_without_nvcc_writes_commands_that_name_nvcc() {
         .args(one())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(stderr(&o).contains("compile_commands.json will say `nvcc`"));
     let cc: Value = serde_json::from_str(
         &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
@@ -546,17 +534,13 @@ fn clean_removes_only_marked_folders_and_the_cache_only_when_asked() {
     assert!(t.run(&["doctor"]).status.success(), "creates the cache");
 
     let o = t.run(&["clean", "--cache", "--dry-run"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("would remove"), "{}", stderr(&o));
+    assert_success(&o);
+    assert_stderr_has(&o, "would remove");
     assert!(t.path("build/wheel").is_dir() && t.path(".cache").is_dir());
 
     let o = t.run(&["clean"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a flashgen build folder"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "not a flashgen build folder");
     assert!(t.path("build/flashgen/notes.txt").is_file());
     assert!(!t.path("build/wheel").exists());
     assert!(t.path(".cache").is_dir(), "the cache needs --cache");
@@ -568,16 +552,12 @@ fn clean_removes_only_marked_folders_and_the_cache_only_when_asked() {
         .args(["clean", "--cache"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a flashgen cache"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "not a flashgen cache");
     assert!(t.path("variants.json").is_file() && t.path("csrc").is_dir());
 
     let o = t.run(&["clean", "--cache"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!t.path(".cache").exists());
 }
 

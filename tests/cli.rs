@@ -94,11 +94,7 @@ fn where_value_matching_nothing_exits_nonzero_with_existing_values() {
     let t = Tree::new("toy");
     let o = t.run(&["list-variants", "--where", "width=96"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("values on axis `width`: 32, 64, 128"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "values on axis `width`: 32, 64, 128");
     let o = t.run(&["list-variants", "--module", "nope"]);
     assert_usage_error(&o, &["no module `nope`", "modules: toy"]);
 }
@@ -227,7 +223,7 @@ fn generated_header_matches_snapshot_and_is_not_rewritten_when_unchanged() {
         .args(&filters)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let header_path = t.path("gen").join(uri).join("flashgen_instance.cuh");
     let header = std::fs::read_to_string(&header_path).unwrap();
     snapshot("toy_instance_header.cuh", &header);
@@ -277,7 +273,7 @@ fn dispatching_header_matches_snapshot() {
         "--where",
         "width=*",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     snapshot(
         "toy_dispatch_header.cuh",
         &std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap(),
@@ -365,7 +361,7 @@ fn same_inputs_give_identical_bytes_whatever_the_output_or_cache_folder() {
         .args(&sel)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let b = json(&o);
     assert_eq!(
         b["built"], 1,
@@ -455,7 +451,7 @@ fn nvcc_failure_shows_uri_command_and_stderr_and_keeps_successes_cached() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("not started"), "{}", stderr(&o));
+    assert_stderr_has(&o, "not started");
 }
 
 #[test]
@@ -472,7 +468,7 @@ fn dispatching_header_reaches_each_listed_instantiation() {
         "--where",
         "fast=true",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     // Compiled and linked by ninja, from the plan `generate --ninja` wrote.
     let ninja = tool("ninja").expect("ninja (ci/requirements-test.txt): run ci/setup.sh");
     let run = std::process::Command::new(ninja)
@@ -582,8 +578,8 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
             .args(wheres(&["dtype=bf16", "width=64", "fast=true", "mode=sum"]))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stderr(&o).contains("largest entries"), "{}", stderr(&o));
+        assert_success(&o);
+        assert_stderr_has(&o, "largest entries");
         PathBuf::from(stdout(&o).trim())
     };
     let a = build("dist-a");
@@ -757,7 +753,7 @@ fn clean_removes_output_and_cache_and_reports_what_it_freed() {
     build_json(&t, "build/flashgen", &sel);
     assert!(t.path(".cache/objects").is_dir());
     let o = t.run(&["clean"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!t.path("build/flashgen").exists() && t.path(".cache/objects").is_dir());
     assert!(
         stderr(&o).contains("removed") && stderr(&o).contains("freed"),
@@ -767,11 +763,7 @@ fn clean_removes_output_and_cache_and_reports_what_it_freed() {
     let o = t.run(&["clean", "--cache"]);
     assert!(o.status.success());
     assert!(!t.path(".cache").exists());
-    assert!(
-        stderr(&o).contains(&format!("removed {}", t.path(".cache").display())),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, &format!("removed {}", t.path(".cache").display()));
 }
 
 #[test]
@@ -953,7 +945,7 @@ fn build_wheel_packs_no_file_a_symlink_leads_to_outside_the_tree() {
     let t = Tree::new("toy");
     std::os::unix::fs::symlink("toy.cuh", t.path("include/toy/alias.cuh")).unwrap();
     let o = jit_only_wheel(&t);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let names = wheel_names(&t.path(stdout(&o).trim()));
     assert!(
         names

@@ -91,7 +91,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let nvcc = traced(&o)
         .into_iter()
         .filter(|l| l.contains("toy.cu"))
@@ -106,7 +106,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "compiled");
     assert!(
         traced(&o).iter().any(|l| l.contains("sm_90a")),
@@ -124,7 +124,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["built"], 1);
     assert!(traced(&o).is_empty(), "{}", stderr(&o));
 }
@@ -223,7 +223,7 @@ fn a_jit_only_wheel_needs_no_toolchain_and_ships_an_empty_manifest() {
         .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let path = stdout(&o).trim().to_string();
     assert!(path.ends_with(".whl"), "{path}");
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();

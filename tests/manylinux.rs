@@ -44,7 +44,7 @@ fn build(t: &Tree, zig: &Path, out: &str, extra: &[&str]) -> serde_json::Value {
         .args(&args)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     json(&o)
 }
 
@@ -224,7 +224,7 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         .arg(&stub)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let wheel = stdout(&o).trim().to_string();
     assert!(
         wheel.ends_with("-py3-none-manylinux_2_17_x86_64.whl"),

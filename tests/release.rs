@@ -69,17 +69,13 @@ fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_r
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("variants.json release.max_wheel_mib"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "variants.json release.max_wheel_mib");
     set_release(&t, serde_json::json!({"max_wheel_mib": 100}));
     let o = without_toolchain(t.cmd())
         .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 
     // A budget that is not a whole number of MiB is bad input.
     set_release(&t, serde_json::json!({"max_wheel_mib": 0.5}));
@@ -136,7 +132,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
             .args(args)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         stdout(&o).lines().map(std::path::PathBuf::from).collect()
     };
     let summary = |m: &Value| {
@@ -262,9 +258,9 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
     );
     // Hopper: each width's sm90 instance (its preferred backend), not the portable one.
     let o = t.run(&["warm", "--device-cc", "9.0", "-j", "2", "--module", "kern"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(stdout(&o).trim(), "2", "{}", stderr(&o));
-    assert!(stderr(&o).contains("leaving out 2 of 4"), "{}", stderr(&o));
+    assert_stderr_has(&o, "leaving out 2 of 4");
     for width in ["32", "64"] {
         assert_eq!(
             jit_lookup(&t, "9.0", width),
@@ -278,7 +274,7 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
     // Ampere takes the portable backend; a filter narrows the selection; a second warm finds
     // everything ready and compiles nothing.
     let o = t.run(&["warm", "--device-cc", "8.0", "--where", "width=64"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(
         jit_lookup(&t, "8.0", "64"),
         ("portable".into(), "cache".into())
@@ -288,7 +284,7 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
         ("portable".into(), "missing".into())
     );
     let o = t.run(&["warm", "--device-cc", "9.0", "--module", "kern"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!stderr(&o).contains("compiling"), "{}", stderr(&o));
     // A compute capability that is not MAJOR.MINOR is bad input, named.
     let o = t.run(&["warm", "--device-cc", "x.y"]);

@@ -53,7 +53,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let one_step = json(&o);
     assert_eq!(one_step["built"], 1, "{one_step}");
     assert_eq!(
@@ -73,7 +73,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let nvcc = project_nvcc().expect("the project venv's nvcc");
     let root = nvcc.parent().unwrap().parent().unwrap();
     let one = t.path("one.so");
@@ -136,7 +136,7 @@ fn so_bytes_do_not_depend_on_where_the_toolchain_is_installed() {
             .args(wheres(&ONE))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         let b = json(&o);
         assert_eq!(b["built"], 1, "{b}");
         std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap()
@@ -325,7 +325,7 @@ fn the_launcher_runs_the_compile_only_and_stays_out_of_the_key() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let launched = json(&o);
     assert_eq!(launched["built"], 1);
     let log = std::fs::read_to_string(t.path("launched.txt")).unwrap();
@@ -361,7 +361,7 @@ fn the_jit_honours_the_launcher_variable() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "compiled");
     let log = std::fs::read_to_string(t.path("launched.txt")).unwrap();
     assert!(
@@ -386,7 +386,7 @@ fn nvcc_environment_flags_key_the_cache() {
             .args(wheres(&ONE))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         json(&o)[0]["built"].clone()
     };
     // Built without the variables: cached for a build without them, not for one with them.
@@ -430,7 +430,7 @@ fn ninja_builds_the_plan_with_flashgens_bytes() {
         .args(&sel)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let text = std::fs::read_to_string(t.path("gen/build.ninja")).unwrap();
     assert!(
         text.contains("rule compile\n  command = $launcher $cmd"),
@@ -493,7 +493,7 @@ impl Sccache {
             conf,
         };
         let o = s.cmd().arg("--start-server").output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         s
     }
     fn cmd(&self) -> std::process::Command {
@@ -517,7 +517,7 @@ impl Sccache {
             .args(["--show-stats", "--stats-format", "json"])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         serde_json::from_slice(&o.stdout).unwrap()
     }
     /// Cache hits so far, per sccache's language counters summed.
@@ -560,7 +560,7 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
             .args(&sel)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         let v = json(&o);
         assert_eq!(
             v["built"], 3,
@@ -670,7 +670,7 @@ fn dist_auth(dist: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     stdout(&o).trim().to_string()
 }
 

@@ -12,7 +12,9 @@ use assert_cmd::Command;
 use serde_json::{json, Value};
 
 mod common;
-use common::{assert_usage_error, copy_dir, repo, stderr, stdout};
+use common::{
+    assert_stderr_has, assert_success, assert_usage_error, copy_dir, repo, stderr, stdout,
+};
 
 /// A private copy of the toy fixture (see `common::Tree`, which this derefs to) whose commands
 /// find no toolchain: a command that got past validation fails differently from the refusals
@@ -79,7 +81,7 @@ fn variant_headers_stay_under_include() {
     let t = Tree::new();
     t.edit(|c| c["variants"]["plain"]["header"] = json!("toy/../toy/variants/plain.cuh"));
     let o = t.run(&["list-variants"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 }
 
 #[test]
@@ -203,7 +205,7 @@ fn an_axis_declares_its_own_range() {
         c["modules"]["toy"]["aot"] = json!({});
     });
     let o = t.run(&["list-variants", "--where", "width=-4"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(
         stdout(&o).contains("toy_dtype_f16_width_neg4_"),
         "{}",
@@ -322,7 +324,7 @@ fn names_must_be_plain_unreserved_c_identifiers() {
     for (edit, needles) in cases {
         let o = refused(edit);
         assert_usage_error(&o, needles);
-        assert!(stderr(&o).contains("hint:"), "{}", stderr(&o));
+        assert_stderr_has(&o, "hint:");
     }
 }
 
@@ -377,7 +379,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
         ])
     });
     let o = t.run(&["describe", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let d: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         d["variants"]["scaled"]["params"],
@@ -396,7 +398,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
         "--where",
         "variant=scaled",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let h = std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap();
     assert!(
         h.contains(
@@ -410,7 +412,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
 fn describe_exports_the_whole_param_type_table() {
     let t = Tree::new();
     let o = t.run(&["describe"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let d: Value = serde_json::from_slice(&o.stdout).unwrap();
     let mut expected = Vec::new();
     for (c, ctypes, dtype) in [
@@ -482,7 +484,7 @@ fn the_instance_limit_is_overridable_and_must_parse() {
         .args(["list-variants"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     for bad in ["abc", "", "-1", "0", "1e6"] {
         let o = t
             .cmd()
@@ -562,7 +564,7 @@ fn very_long_names_are_refused_without_panicking() {
         "--where",
         &format!("width={}", "*".repeat(256)),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 }
 
 #[test]
@@ -817,7 +819,7 @@ fn a_module_without_a_variant_axis_declares_empty_additional_params() {
             "axes": [{"name": "head_dim", "type": "int", "values": [64]}]}}}"#,
     );
     let o = t.run(&["generate", "--out", "gen"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let header =
         std::fs::read_to_string(t.path("gen/m_head_dim_64/flashgen_instance.cuh")).unwrap();
     assert!(
@@ -888,7 +890,7 @@ fn real_describe() -> Value {
         .args(["describe", "--json"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -1053,7 +1055,7 @@ fn an_unreadable_arch_list_is_refused_by_list_variants_as_by_build() {
         c.as_object_mut().unwrap().remove("archs");
     });
     let o = t.run(&["list-variants", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows[0]["archs"], Value::Null);
 }
@@ -1074,11 +1076,7 @@ fn a_device_capability_is_ascii_digits_only() {
 fn the_ninja_hint_quotes_the_folder() {
     let t = Tree::new();
     let o = t.run(&["generate", "--ninja", "--out", "gen dir; rm -rf x"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let dir = t.path("gen dir; rm -rf x");
-    assert!(
-        stderr(&o).contains(&format!("ninja -C '{}'", dir.display())),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, &format!("ninja -C '{}'", dir.display()));
 }

@@ -273,6 +273,18 @@ pub fn json(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", stdout(o), stderr(o)))
 }
 
+/// The command exited 0; else its stderr is the failure message.
+#[track_caller]
+pub fn assert_success(o: &Output) {
+    assert!(o.status.success(), "{}", stderr(o));
+}
+
+/// The command's stderr holds `needle`; else it is the failure message.
+#[track_caller]
+pub fn assert_stderr_has(o: &Output, needle: &str) {
+    assert!(stderr(o).contains(needle), "{}", stderr(o));
+}
+
 pub fn assert_usage_error(o: &Output, needles: &[&str]) {
     assert_eq!(
         o.status.code(),
