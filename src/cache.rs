@@ -612,69 +612,35 @@ mod tests {
 
     #[test]
     fn a_key_covers_toolchain_flags_header_and_every_input() {
-        let inputs = |files: &[(&str, &str)]| -> BTreeMap<String, String> {
-            files
+        let key = |tc: &[&str], flags: &[&str], header: &str, files: &[(&str, &str)]| {
+            let flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+            let files: BTreeMap<String, String> = files
                 .iter()
                 .map(|(n, s)| (n.to_string(), s.to_string()))
-                .collect()
+                .collect();
+            cache_key(tc, &flags, header, &files)
         };
-        let flags = |f: &[&str]| -> Vec<String> { f.iter().map(|s| s.to_string()).collect() };
-        let base = cache_key(
-            &["nvcc 13.0", "g++ 13"],
-            &flags(&["-O2", "-arch=sm_80"]),
-            "#define X 1\n",
-            &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "22")]),
-        );
+        const TC: [&str; 2] = ["nvcc 13.0", "g++ 13"];
+        const FLAGS: [&str; 2] = ["-O2", "-arch=sm_80"];
+        const HEADER: &str = "#define X 1\n";
+        const FILES: [(&str, &str); 2] = [("csrc/a.cu", "11"), ("include/b.cuh", "22")];
+        let base = key(&TC, &FLAGS, HEADER, &FILES);
         assert_eq!(base.len(), 64);
         assert!(base.bytes().all(|b| b.is_ascii_hexdigit()));
-        let same = cache_key(
-            &["nvcc 13.0", "g++ 13"],
-            &flags(&["-O2", "-arch=sm_80"]),
-            "#define X 1\n",
-            &inputs(&[("include/b.cuh", "22"), ("csrc/a.cu", "11")]),
-        );
+        let reordered = [FILES[1], FILES[0]];
         assert_eq!(
-            base, same,
+            base,
+            key(&TC, &FLAGS, HEADER, &reordered),
             "inputs are keyed by name, not by insertion order"
         );
         let variations = [
-            cache_key(
-                &["nvcc 13.1", "g++ 13"],
-                &flags(&["-O2", "-arch=sm_80"]),
-                "#define X 1\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "22")]),
-            ),
+            key(&["nvcc 13.1", "g++ 13"], &FLAGS, HEADER, &FILES),
             // The texts are length-prefixed: moving a boundary is another key.
-            cache_key(
-                &["nvcc 13.0g", "++ 13"],
-                &flags(&["-O2", "-arch=sm_80"]),
-                "#define X 1\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "22")]),
-            ),
-            cache_key(
-                &["nvcc 13.0", "g++ 13"],
-                &flags(&["-O2", "-arch=sm_90a"]),
-                "#define X 1\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "22")]),
-            ),
-            cache_key(
-                &["nvcc 13.0", "g++ 13"],
-                &flags(&["-O2", "-arch=sm_80"]),
-                "#define X 2\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "22")]),
-            ),
-            cache_key(
-                &["nvcc 13.0", "g++ 13"],
-                &flags(&["-O2", "-arch=sm_80"]),
-                "#define X 1\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/b.cuh", "23")]),
-            ),
-            cache_key(
-                &["nvcc 13.0", "g++ 13"],
-                &flags(&["-O2", "-arch=sm_80"]),
-                "#define X 1\n",
-                &inputs(&[("csrc/a.cu", "11"), ("include/c.cuh", "22")]),
-            ),
+            key(&["nvcc 13.0g", "++ 13"], &FLAGS, HEADER, &FILES),
+            key(&TC, &["-O2", "-arch=sm_90a"], HEADER, &FILES),
+            key(&TC, &FLAGS, "#define X 2\n", &FILES),
+            key(&TC, &FLAGS, HEADER, &[FILES[0], ("include/b.cuh", "23")]),
+            key(&TC, &FLAGS, HEADER, &[FILES[0], ("include/c.cuh", "22")]),
         ];
         let mut all: Vec<&String> = variations.iter().collect();
         all.push(&base);

@@ -23,17 +23,18 @@ fn one() -> Vec<String> {
     ])
 }
 
-/// The cache object for a summary row: `<cache>/objects/<k[..2]>/<k>.so`.
-fn object(t: &Tree, row: &Value) -> PathBuf {
-    let key = row["fingerprint"].as_str().unwrap();
-    t.path(".cache/objects")
-        .join(&key[..2])
-        .join(format!("{key}.so"))
-}
-
-fn sha256(path: &Path) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+/// `build --out OUT --json EXTRA... <one()>` through `cmd`: its output, success or not.
+fn build_one(
+    mut cmd: impl std::borrow::BorrowMut<assert_cmd::Command>,
+    out: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    cmd.borrow_mut()
+        .args(["build", "--out", out, "--json"])
+        .args(extra)
+        .args(one())
+        .output()
+        .unwrap()
 }
 
 /// An nvcc stand-in at `<tree>/wrap/bin/nvcc` (with `lib` beside it, as the toolchain expects)
@@ -168,12 +169,7 @@ fn an_unsafe_or_foreign_cache_root_is_refused_with_the_fix() {
 #[test]
 fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     let t = Tree::new("toy");
-    let o = t
-        .cmd()
-        .args(["build", "--out", "a", "--json", "--jobs", "100000"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "a", &["--jobs", "100000"]);
     assert_success(&o);
     assert_stderr_has(&o, "--jobs 100000 capped at");
     let first = json(&o);
@@ -194,12 +190,7 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     let mid = bad.len() / 2;
     bad[mid] ^= 0xff;
     std::fs::write(&obj, &bad).unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "c", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "c", &[]);
     assert_success(&o);
     assert_stderr_has(&o, "cached object is corrupt");
     let rebuilt = json(&o);
@@ -211,12 +202,7 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     std::fs::write(&elsewhere, &good).unwrap();
     std::fs::remove_file(&obj).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &obj).unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "d", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "d", &[]);
     assert_success(&o);
     assert!(
         stderr(&o).contains("not a regular file") || stderr(&o).contains("cannot open"),
@@ -282,12 +268,7 @@ fn a_missing_entry_point_fails_the_instance_and_caches_nothing() {
             r#""entry_points": ["toy_query", "toy_apply", "toy_missing"]"#,
         ),
     );
-    let o = t
-        .cmd()
-        .args(["build", "--out", "out", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "out", &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let uri = "toy_dtype_f16_width_32_fast_true_mode_sum_variant_plain";
     assert_stderr_has(
@@ -309,12 +290,7 @@ fn a_store_failure_names_the_path_and_is_not_an_nvcc_failure() {
     let shard = obj.parent().unwrap().to_path_buf();
     std::fs::remove_dir_all(&shard).unwrap();
     std::fs::write(&shard, "not a folder").unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "b", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "b", &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("could not be stored"), "{err}");
@@ -336,13 +312,7 @@ fn a_header_saved_during_the_compile_is_not_cached_under_the_key_of_its_old_text
         &t,
         &format!("echo '// saved during the build' >> '{}'", header.display()),
     );
-    let o = t
-        .cmd()
-        .env("FLASHGEN_NVCC", &nvcc)
-        .args(["build", "--out", "out", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd().env("FLASHGEN_NVCC", &nvcc), "out", &[]);
     assert!(!o.status.success(), "the build claimed success");
     assert_stderr_has(
         &o,

@@ -636,11 +636,7 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
         .arg(&a)
         .output()
         .unwrap();
-    assert!(
-        pip.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pip.stderr)
-    );
+    assert_success(&pip);
     let manifest: Value = serde_json::from_str(
         &std::fs::read_to_string(target.join("flashgen/_aot/manifest.json")).unwrap(),
     )

@@ -203,7 +203,7 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         .arg(t.path("stub.c"))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
 
     let mut args: Vec<String> = [
         "build-wheel",

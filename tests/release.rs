@@ -237,13 +237,16 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     );
 }
 
-/// What `jit --no-compile` answers for `kern width=W` on a device of `cc`: (backend, source).
-fn jit_lookup(t: &Tree, cc: &str, width: &str) -> (String, String) {
+/// `jit --no-compile` for `kern width=W` on a device of `cc` answers `backend`, found in
+/// `source` (`cache`, `missing`, ...).
+#[track_caller]
+fn expect_jit(t: &Tree, cc: &str, width: &str, backend: &str, source: &str) {
     let a = jit_answer(t, cc, width);
-    (
-        a["params"]["backend"].as_str().unwrap().to_string(),
-        a["source"].as_str().unwrap().to_string(),
-    )
+    assert_eq!(
+        (a["params"]["backend"].as_str(), a["source"].as_str()),
+        (Some(backend), Some(source)),
+        "{cc} width={width}: {a}"
+    );
 }
 
 #[test]
@@ -252,37 +255,22 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
         panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
     }
     let t = Tree::new("backend");
-    assert_eq!(
-        jit_lookup(&t, "9.0", "64"),
-        ("sm90".into(), "missing".into())
-    );
+    expect_jit(&t, "9.0", "64", "sm90", "missing");
     // Hopper: each width's sm90 instance (its preferred backend), not the portable one.
     let o = t.run(&["warm", "--device-cc", "9.0", "-j", "2", "--module", "kern"]);
     assert_success(&o);
     assert_eq!(stdout(&o).trim(), "2", "{}", stderr(&o));
     assert_stderr_has(&o, "leaving out 2 of 4");
     for width in ["32", "64"] {
-        assert_eq!(
-            jit_lookup(&t, "9.0", width),
-            ("sm90".into(), "cache".into())
-        );
+        expect_jit(&t, "9.0", width, "sm90", "cache");
     }
-    assert_eq!(
-        jit_lookup(&t, "8.0", "64"),
-        ("portable".into(), "missing".into())
-    );
+    expect_jit(&t, "8.0", "64", "portable", "missing");
     // Ampere takes the portable backend; a filter narrows the selection; a second warm finds
     // everything ready and compiles nothing.
     let o = t.run(&["warm", "--device-cc", "8.0", "--where", "width=64"]);
     assert_success(&o);
-    assert_eq!(
-        jit_lookup(&t, "8.0", "64"),
-        ("portable".into(), "cache".into())
-    );
-    assert_eq!(
-        jit_lookup(&t, "8.0", "32"),
-        ("portable".into(), "missing".into())
-    );
+    expect_jit(&t, "8.0", "64", "portable", "cache");
+    expect_jit(&t, "8.0", "32", "portable", "missing");
     let o = t.run(&["warm", "--device-cc", "9.0", "--module", "kern"]);
     assert_success(&o);
     assert!(!stderr(&o).contains("compiling"), "{}", stderr(&o));

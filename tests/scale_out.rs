@@ -105,11 +105,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .arg(&one)
         .output()
         .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    assert_success(&run);
     assert!(
         std::fs::read(&one).unwrap() == split,
         "compile + link differs from the one-step build"
@@ -582,12 +578,7 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
         Some(3),
         "each compile hits from the other folder: {counts}"
     );
-    for (ra, rb) in a["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(b["instances"].as_array().unwrap())
-    {
+    for (ra, rb) in zip_instances(&a, &b) {
         assert_eq!(ra["sha256"], rb["sha256"]);
         let (pa, pb) = (ra["path"].as_str().unwrap(), rb["path"].as_str().unwrap());
         assert_ne!(pa, pb);
@@ -897,12 +888,7 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         s["dist_compiles"]
     );
     // The same bytes as the local build without a launcher, and the same keys.
-    for (rl, rd) in local["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(built["instances"].as_array().unwrap())
-    {
+    for (rl, rd) in zip_instances(&local, &built) {
         assert_eq!(rl["uri"], rd["uri"]);
         assert_eq!(rl["fingerprint"], rd["fingerprint"]);
         let uri = rl["uri"].as_str().unwrap();

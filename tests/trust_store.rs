@@ -28,19 +28,6 @@ const B: &[&str] = &[
 ];
 const A_URI: &str = "toy_dtype_f16_width_32_fast_true_mode_sum_variant_plain";
 
-fn sha256(path: &Path) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
-}
-
-/// The cache object of a summary row.
-fn object(t: &Tree, row: &Value) -> PathBuf {
-    let key = row["fingerprint"].as_str().unwrap();
-    t.path(".cache/objects")
-        .join(&key[..2])
-        .join(format!("{key}.so"))
-}
-
 fn mtime(path: &Path) -> SystemTime {
     std::fs::metadata(path).unwrap().modified().unwrap()
 }

@@ -842,7 +842,7 @@ fn module_filter_takes_globs() {
             .unwrap()
     };
     let o = run(&["list-variants", "--json", "--module", "*_decode"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let modules: std::collections::BTreeSet<&str> = rows
         .as_array()

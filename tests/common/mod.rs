@@ -200,16 +200,29 @@ pub fn wheres(terms: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The sha256 of the file's bytes, lower-case hex.
+pub fn sha256(path: &Path) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
 /// The file's bytes hash to the sha256 its manifest or summary row records.
 pub fn assert_recorded_sha256(path: &Path, row: &Value) {
-    use sha2::Digest;
-    let bytes = std::fs::read(path).unwrap();
     assert_eq!(
         row["sha256"].as_str().unwrap(),
-        format!("{:x}", sha2::Sha256::digest(&bytes)),
+        sha256(path),
         "{}",
         path.display()
     );
+}
+
+/// The cache object of a build summary row: `<cache>/objects/<k[..2]>/<k>.so` in the tree's
+/// own cache.
+pub fn object(t: &Tree, row: &Value) -> PathBuf {
+    let key = row["fingerprint"].as_str().unwrap();
+    t.path(".cache/objects")
+        .join(&key[..2])
+        .join(format!("{key}.so"))
 }
 
 /// The first entry of `<dir>/compile_commands.json` (`generate`'s).
@@ -245,6 +258,18 @@ pub fn jit_answer(t: &Tree, cc: &str, width: &str) -> Value {
     ]);
     assert!(o.status.success(), "{cc}: {}", stderr(&o));
     json(&o)
+}
+
+/// The `instances` rows of two build summaries, side by side.
+pub fn zip_instances<'a>(
+    a: &'a Value,
+    b: &'a Value,
+) -> impl Iterator<Item = (&'a Value, &'a Value)> {
+    a["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(b["instances"].as_array().unwrap())
 }
 
 /// A command that can find no CUDA toolchain on its own (no nvcc variables, no venv, a bare PATH).
