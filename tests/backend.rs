@@ -309,15 +309,8 @@ fn a_build_for_8_0_never_compiles_an_sm90_instance() {
     );
     let summary = json(&o);
     assert_eq!(summary["built"], 2);
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("out80/manifest.json")).unwrap())
-            .unwrap();
-    let uris: Vec<&str> = manifest["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["uri"].as_str().unwrap())
-        .collect();
+    let manifest = read_json(&t.path("out80/manifest.json"));
+    let uris: Vec<&str> = field_strs(&manifest["instances"], "uri");
     assert_eq!(uris, [PORTABLE_32, "kern_backend_portable_width_64"]);
     assert!(!t.path(&format!("out80/{SM90_32}.so")).exists());
     assert!(
@@ -349,9 +342,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
     let t = Tree::new("backend");
     let summary = build_json(&t, "out", &["--where", "width=32"]);
     assert_eq!(summary["built"], 2, "{summary}");
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("out/manifest.json")).unwrap())
-            .unwrap();
+    let manifest = read_json(&t.path("out/manifest.json"));
     assert_eq!(manifest["archs"], json!(["sm_80", "sm_90a"]));
     let rows = manifest["instances"].as_array().unwrap();
     let sm90 = row(rows, SM90_32);
@@ -481,14 +472,16 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
         ],
     );
     // Only the backend may be left out: a selection that spans another axis is refused.
-    let o = t.run(&[
+    // `jit --no-compile` of the module on a Hopper device, before any --where.
+    let hopper_lookup = [
         "jit",
         "--device-cc",
         "9.0",
         "--no-compile",
         "--module",
         "kern",
-    ]);
+    ];
+    let o = t.run(&hopper_lookup);
     assert_usage_error(
         &o,
         &[
@@ -500,14 +493,7 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
     let o = t
         .cmd()
         .env("FLASHGEN_CUDA_ARCH_LIST", "8.0+PTX 9.0a")
-        .args([
-            "jit",
-            "--device-cc",
-            "9.0",
-            "--no-compile",
-            "--module",
-            "kern",
-        ])
+        .args(hopper_lookup)
         .args(wheres(&["backend=sm90", "width=64"]))
         .output()
         .unwrap();

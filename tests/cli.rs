@@ -335,9 +335,7 @@ fn cache_hits_and_only_instances_that_include_a_changed_header_rebuild() {
     );
 
     // The manifest lists every built instance with the sha256 of its file.
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("out/manifest.json")).unwrap())
-            .unwrap();
+    let manifest = read_json(&t.path("out/manifest.json"));
     for inst in manifest["instances"].as_array().unwrap() {
         assert_recorded_sha256(&t.path("out").join(inst["path"].as_str().unwrap()), inst);
     }
@@ -354,15 +352,11 @@ fn same_inputs_give_identical_bytes_whatever_the_output_or_cache_folder() {
         "variant=scaled",
     ]);
     let a = build_json(&t, "out-a", &sel);
-    let o = t
-        .cmd()
-        .env("FLASHGEN_CACHE_DIR", t.path("other-cache"))
-        .args(["build", "--out", "elsewhere/out-b", "--json"])
-        .args(&sel)
-        .output()
-        .unwrap();
-    assert_success(&o);
-    let b = json(&o);
+    let b = build_json_with(
+        t.cmd().env("FLASHGEN_CACHE_DIR", t.path("other-cache")),
+        "elsewhere/out-b",
+        &sel,
+    );
     assert_eq!(
         b["built"], 1,
         "the second cache starts empty, so nvcc ran again"

@@ -12,10 +12,7 @@ use common::*;
 
 /// Replaces the fixture's variants.json top-level `release`.
 fn set_release(t: &Tree, release: Value) {
-    let path = t.path("variants.json");
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    v["release"] = release;
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    t.edit(|v| v["release"] = release);
 }
 
 fn manifest_of(wheel: &Path) -> Value {
@@ -104,24 +101,23 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let t = Tree::new("toy");
     t.with_python_package();
     // A two-instance matrix whose AOT subset is one of them; two release archs, one with PTX.
-    let path = t.path("variants.json");
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let axes = &mut v["modules"]["toy"]["axes"];
-    for (i, values) in [
-        serde_json::json!(["f16"]),
-        serde_json::json!([32, 64]),
-        serde_json::json!([true]),
-        serde_json::json!(["sum"]),
-        serde_json::json!(["plain"]),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        axes[i]["values"] = values;
-    }
-    v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
-    v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    t.edit(|v| {
+        let axes = &mut v["modules"]["toy"]["axes"];
+        for (i, values) in [
+            serde_json::json!(["f16"]),
+            serde_json::json!([32, 64]),
+            serde_json::json!([true]),
+            serde_json::json!(["sum"]),
+            serde_json::json!(["plain"]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            axes[i]["values"] = values;
+        }
+        v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
+        v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
+    });
 
     let wheels = |args: &[&str]| -> Vec<std::path::PathBuf> {
         // An inherited arch list narrows a plain build, never a release.
@@ -200,12 +196,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let core = &release[2];
     let m: Value = serde_json::from_str(&read_member(core, "flashgen/_aot/manifest.json")).unwrap();
     assert_eq!(m["instances"], serde_json::json!([]));
-    let packages: Vec<&str> = m["kernel_packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["package"].as_str().unwrap())
-        .collect();
+    let packages: Vec<&str> = field_strs(&m["kernel_packages"], "package");
     assert_eq!(
         packages,
         ["flashgen_kernels_sm80", "flashgen_kernels_sm90a"]

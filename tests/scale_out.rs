@@ -46,15 +46,11 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
     split_args.extend(wheres(&ONE));
     let b = build_json(&t, "out", &split_args);
     let split = std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap();
-    let o = t
-        .cmd()
-        .env("FLASHGEN_CACHE_DIR", t.path("cache-one-step"))
-        .args(["build", "--out", "one-step", "--json"])
-        .args(wheres(&ONE))
-        .output()
-        .unwrap();
-    assert_success(&o);
-    let one_step = json(&o);
+    let one_step = build_json_with(
+        t.cmd().env("FLASHGEN_CACHE_DIR", t.path("cache-one-step")),
+        "one-step",
+        &wheres(&ONE),
+    );
     assert_eq!(one_step["built"], 1, "{one_step}");
     assert_eq!(
         one_step["instances"][0]["fingerprint"],
@@ -313,16 +309,13 @@ fn the_launcher_runs_the_compile_only_and_stays_out_of_the_key() {
     let plain = build_json(&t, "plain", &wheres(&ONE));
     let launcher = recording_launcher(&t);
     // A fresh cache: the launched build compiles, with the same key and bytes.
-    let o = t
-        .cmd()
-        .env("FLASHGEN_CACHE_DIR", t.path("cache2"))
-        .env("FLASHGEN_NVCC_LAUNCHER", format!("{} ", launcher.display()))
-        .args(["build", "--out", "launched", "--json"])
-        .args(wheres(&ONE))
-        .output()
-        .unwrap();
-    assert_success(&o);
-    let launched = json(&o);
+    let launched = build_json_with(
+        t.cmd()
+            .env("FLASHGEN_CACHE_DIR", t.path("cache2"))
+            .env("FLASHGEN_NVCC_LAUNCHER", format!("{} ", launcher.display())),
+        "launched",
+        &wheres(&ONE),
+    );
     assert_eq!(launched["built"], 1);
     let log = std::fs::read_to_string(t.path("launched.txt")).unwrap();
     assert_eq!(log.lines().count(), 1, "{log}");

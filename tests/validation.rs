@@ -844,12 +844,8 @@ fn module_filter_takes_globs() {
     let o = run(&["list-variants", "--json", "--module", "*_decode"]);
     assert_success(&o);
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let modules: std::collections::BTreeSet<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["module"].as_str().unwrap())
-        .collect();
+    let modules: std::collections::BTreeSet<&str> =
+        common::field_strs(&rows, "module").into_iter().collect();
     assert_eq!(
         modules.into_iter().collect::<Vec<_>>(),
         ["batch_decode", "single_decode"]

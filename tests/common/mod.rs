@@ -260,6 +260,21 @@ pub fn jit_answer(t: &Tree, cc: &str, width: &str) -> Value {
     json(&o)
 }
 
+/// A JSON file, parsed.
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The string `field` of each row of the array `rows`.
+pub fn field_strs<'a>(rows: &'a Value, field: &str) -> Vec<&'a str> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[field].as_str().unwrap())
+        .collect()
+}
+
 /// The `instances` rows of two build summaries, side by side.
 pub fn zip_instances<'a>(
     a: &'a Value,
@@ -324,9 +339,21 @@ pub fn assert_usage_error(o: &Output, needles: &[&str]) {
 
 /// `build --out OUT --json --jobs 2 EXTRA...`, which must succeed; its JSON summary.
 pub fn build_json(t: &Tree, out: &str, extra: &[impl AsRef<std::ffi::OsStr>]) -> Value {
-    let o = t
-        .cmd()
-        .args(["build", "--out", out, "--json", "--jobs", "2"])
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--jobs".as_ref(), "2".as_ref()];
+    args.extend(extra.iter().map(AsRef::as_ref));
+    build_json_with(t.cmd(), out, &args)
+}
+
+/// `build --out OUT --json EXTRA...` through `cmd` (a tree's command, its environment set),
+/// which must succeed; its JSON summary.
+pub fn build_json_with(
+    mut cmd: impl std::borrow::BorrowMut<Command>,
+    out: &str,
+    extra: &[impl AsRef<std::ffi::OsStr>],
+) -> Value {
+    let o = cmd
+        .borrow_mut()
+        .args(["build", "--out", out, "--json"])
         .args(extra)
         .output()
         .unwrap();
