@@ -21,7 +21,7 @@
 //!    them; [`python_env`] for pip-installed ones), [`manylinux`] swaps the host compiler for
 //!    `zig c++` targeting an old glibc, [`arch`] turns arch lists into `-gencode` flags, and
 //!    [`compile`] spells and runs the nvcc steps (one call, or compile + link through a
-//!    launcher), under the guard that kills a runaway nvcc.
+//!    launcher) in a guard's process group, so that no nvcc outlives a build that dies.
 //! 6. **Cache**: [`fingerprint`] keys an instance (its header, every file its translation unit
 //!    includes, the toolchain's versions, the flags); [`cache`] stores `<key>.so` beside a record
 //!    and refuses any object whose owner, mode or sha256 is off.
