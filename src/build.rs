@@ -60,10 +60,8 @@ enum HandOutError {
 
 pub struct BuildOptions {
     pub out_dir: PathBuf,
-    pub archs: Vec<Arch>,
     pub jobs: usize,
     pub keep_going: bool,
-    pub compress: bool,
     /// Answer an unchanged rebuild from the stamp (`build-wheel` always verifies instead).
     pub use_stamp: bool,
 }
@@ -227,7 +225,7 @@ impl<'m> Builder<'m> {
             &archs,
             compress,
             toolchain.manylinux.is_some(),
-            compile::cuda_major(&toolchain),
+            crate::toolchain::cuda_major(&toolchain),
         );
         let search_dirs = search_dirs(matrix);
         let hasher = SourceHasher::new(&matrix.root, search_dirs.clone());
@@ -261,7 +259,7 @@ impl<'m> Builder<'m> {
             archs,
             self.compress,
             self.toolchain.manylinux.is_some(),
-            compile::cuda_major(&self.toolchain),
+            crate::toolchain::cuda_major(&self.toolchain),
         )
     }
 
@@ -1073,4 +1071,175 @@ pub fn remove_own_outputs(dir: &Path, sweep: &mut fsutil::Sweep) -> Result<bool>
         }
     };
     sweep.clear(dir, &root, Some(BUILD_MARKER))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::testing::Toy;
+
+    /// The toolchain a key names, without running anything: no test here compiles (every
+    /// object is stored beforehand), so no nvcc is needed.
+    fn toolchain() -> Toolchain {
+        Toolchain {
+            nvcc_version_text: "Cuda compilation tools, release 13.0, V13.0.88".into(),
+            host_compiler: "g++ (test) 13".into(),
+            nvcc_env_flags: String::new(),
+            ..Toolchain::placeholder()
+        }
+    }
+
+    fn builder<'m>(m: &'m Matrix, cache_dir: &Path) -> Builder<'m> {
+        let archs = crate::arch::parse_list("8.0", "--arch").unwrap();
+        let cache = Cache::open(cache_dir.to_path_buf()).unwrap();
+        Builder::new(m, toolchain(), cache, archs, true)
+    }
+
+    fn keys(b: &Builder, m: &Matrix) -> Vec<String> {
+        let all: Vec<&Instance> = m.instances.iter().collect();
+        b.prepare(&all, None)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.key)
+            .collect()
+    }
+
+    /// Stores a stand-in object for every instance, as a build that compiled them would.
+    fn fill_cache(b: &Builder, m: &Matrix) {
+        let all: Vec<&Instance> = m.instances.iter().collect();
+        for p in b.prepare(&all, None).unwrap() {
+            let dir = b.cache.compile_dir("t").unwrap();
+            let built = dir.path().join("instance.so");
+            let bytes = format!("object of {}", p.inst.uri).into_bytes();
+            std::fs::write(&built, &bytes).unwrap();
+            b.cache.insert(&p.key, &p.inst.uri, &built, &bytes).unwrap();
+        }
+    }
+
+    /// The instances whose key `after` differs from `before`: what a build compiles again.
+    fn rebuilt<'m>(m: &'m Matrix, before: &[String], after: &[String]) -> Vec<&'m str> {
+        m.instances
+            .iter()
+            .zip(before.iter().zip(after))
+            .filter(|(_, (b, a))| b != a)
+            .map(|(i, _)| i.uri.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn planning_gives_each_instance_its_own_stable_key_and_flags() {
+        let toy = Toy::new();
+        let m = toy.matrix();
+        let cache = tempfile::tempdir().unwrap();
+        let b = builder(&m, &cache.path().join("c"));
+        let all: Vec<&Instance> = m.instances.iter().collect();
+        let (buildable, none) = b.buildable(&all);
+        assert_eq!((buildable.len(), none.len()), (48, 0));
+        let prepared = b.prepare(&all, None).unwrap();
+        let distinct: HashSet<&str> = prepared.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(distinct.len(), 48);
+        for p in &prepared {
+            assert_eq!(p.source, m.root.join("csrc/toy.cu"));
+            assert_eq!(p.header, codegen::instance_header(&m, p.inst));
+            assert_eq!(p.flags, b.flags);
+            assert!(p.flags.iter().any(|f| f.contains("sm_80")), "{:?}", p.flags);
+        }
+        // Another builder of the same tree (a later run) derives the same keys.
+        assert_eq!(
+            keys(&builder(&m, &cache.path().join("c")), &m),
+            keys(&b, &m)
+        );
+        // Another nvcc is another key for every instance.
+        let mut other = builder(&m, &cache.path().join("c"));
+        other.toolchain.nvcc_version_text.push_str(" (patched)");
+        let changed = rebuilt(&m, &keys(&b, &m), &keys(&other, &m));
+        assert_eq!(changed.len(), 48);
+    }
+
+    #[test]
+    fn an_edit_rebuilds_exactly_the_instances_that_include_the_file() {
+        let toy = Toy::new();
+        let m = toy.matrix();
+        let cache = tempfile::tempdir().unwrap();
+        let before = keys(&builder(&m, &cache.path().join("c")), &m);
+
+        // A file nothing includes: nothing is rebuilt.
+        toy.write("include/toy/unused.cuh", "// not included\n");
+        let after = keys(&builder(&m, &cache.path().join("c")), &m);
+        assert!(rebuilt(&m, &before, &after).is_empty());
+
+        // One variant's header: that variant's instances, and only those.
+        let scaled = toy.path("include/toy/variants/scaled.cuh");
+        let text = std::fs::read_to_string(&scaled).unwrap();
+        std::fs::write(&scaled, format!("{text}// edited\n")).unwrap();
+        let after = keys(&builder(&m, &cache.path().join("c")), &m);
+        let changed = rebuilt(&m, &before, &after);
+        assert_eq!(changed.len(), 24);
+        assert!(changed.iter().all(|u| u.ends_with("_variant_scaled")));
+
+        // The module's source: every instance.
+        toy.write(
+            "csrc/toy.cu",
+            "// rewritten\n#include <flashgen_instance.cuh>\n",
+        );
+        let last = keys(&builder(&m, &cache.path().join("c")), &m);
+        assert_eq!(rebuilt(&m, &after, &last).len(), 48);
+    }
+
+    #[test]
+    fn a_warm_cache_builds_without_compiling_and_a_corrupt_object_is_a_miss() {
+        let toy = Toy::new();
+        let m = toy.matrix();
+        let cache = tempfile::tempdir().unwrap();
+        let b = builder(&m, &cache.path().join("c"));
+        fill_cache(&b, &m);
+        let ui = Ui::new(true);
+        let out = toy.path("out");
+        let opts = BuildOptions {
+            out_dir: out.clone(),
+            jobs: 1,
+            keep_going: false,
+            use_stamp: true,
+        };
+        let all: Vec<&Instance> = m.instances.iter().collect();
+        let report = b.build(&all, &opts, &ui).unwrap();
+        assert!(report.failures.is_empty() && report.not_started.is_empty());
+        assert_eq!(report.built.len(), 48);
+        assert!(report
+            .built
+            .iter()
+            .all(|x| x.cached && x.compile_time.is_none()));
+        let first = &m.instances[0];
+        assert_eq!(
+            std::fs::read(out.join(format!("{}.so", first.uri))).unwrap(),
+            format!("object of {}", first.uri).into_bytes()
+        );
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        assert!(manifest.to_string().contains(&first.uri));
+        assert!(is_build_dir(&out));
+        assert!(stamp::path(&out).is_file());
+
+        // Unchanged: the stamp answers, and the same outputs are reported.
+        let again = b.build(&all, &opts, &ui).unwrap();
+        assert_eq!(again.built.len(), 48);
+
+        // A corrupt object is not handed out: its instance is a miss again.
+        let p = &b.prepare(&[first], None).unwrap()[0];
+        let object = b.cache.lookup(&p.key, &first.uri).hit().unwrap().path;
+        std::fs::remove_file(&object).unwrap();
+        std::fs::write(&object, b"tampered").unwrap();
+        assert!(matches!(
+            b.cache.lookup(&p.key, &first.uri),
+            Lookup::Corrupt(_)
+        ));
+        let rest: Vec<&Instance> = m.instances[1..].iter().collect();
+        let report = b
+            .ensure_cached(&rest, &toy.path("gen"), 1, false, &HandOut::Object, &ui)
+            .unwrap();
+        assert_eq!(report.ready.len(), 47, "the others are still hits");
+    }
 }

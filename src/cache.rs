@@ -578,3 +578,149 @@ fn is_absent(e: &std::io::Error) -> bool {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::fingerprint::cache_key;
+
+    const KEY: &str = "ab0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd";
+
+    fn cache() -> (tempfile::TempDir, Cache) {
+        let root = tempfile::tempdir().unwrap();
+        let cache = Cache::open(root.path().join("cache")).unwrap();
+        (root, cache)
+    }
+
+    /// Stores `bytes` as `uri`'s object under `key`, as a build does: from a finished file.
+    fn store(cache: &Cache, key: &str, uri: &str, bytes: &[u8]) -> Entry {
+        let dir = cache.compile_dir("t").unwrap();
+        let built = dir.path().join("instance.so");
+        std::fs::write(&built, bytes).unwrap();
+        cache.insert(key, uri, &built, bytes).unwrap()
+    }
+
+    fn corrupt(lookup: Lookup) -> String {
+        match lookup {
+            Lookup::Corrupt(why) => why,
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_key_covers_toolchain_flags_header_and_every_input() {
+        let key = |tc: &[&str], flags: &[&str], header: &str, files: &[(&str, &str)]| {
+            let flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+            let files: BTreeMap<String, String> = files
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.to_string()))
+                .collect();
+            cache_key(tc, &flags, header, &files)
+        };
+        const TC: [&str; 2] = ["nvcc 13.0", "g++ 13"];
+        const FLAGS: [&str; 2] = ["-O2", "-arch=sm_80"];
+        const HEADER: &str = "#define X 1\n";
+        const FILES: [(&str, &str); 2] = [("csrc/a.cu", "11"), ("include/b.cuh", "22")];
+        let base = key(&TC, &FLAGS, HEADER, &FILES);
+        assert_eq!(base.len(), 64);
+        assert!(base.bytes().all(|b| b.is_ascii_hexdigit()));
+        let reordered = [FILES[1], FILES[0]];
+        assert_eq!(
+            base,
+            key(&TC, &FLAGS, HEADER, &reordered),
+            "inputs are keyed by name, not by insertion order"
+        );
+        let variations = [
+            key(&["nvcc 13.1", "g++ 13"], &FLAGS, HEADER, &FILES),
+            // The texts are length-prefixed: moving a boundary is another key.
+            key(&["nvcc 13.0g", "++ 13"], &FLAGS, HEADER, &FILES),
+            key(&TC, &["-O2", "-arch=sm_90a"], HEADER, &FILES),
+            key(&TC, &FLAGS, "#define X 2\n", &FILES),
+            key(&TC, &FLAGS, HEADER, &[FILES[0], ("include/b.cuh", "23")]),
+            key(&TC, &FLAGS, HEADER, &[FILES[0], ("include/c.cuh", "22")]),
+        ];
+        let mut all: Vec<&String> = variations.iter().collect();
+        all.push(&base);
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), variations.len() + 1, "every change is a new key");
+    }
+
+    #[test]
+    fn opening_marks_an_empty_folder_and_refuses_someone_elses() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("c");
+        Cache::open(dir.clone()).unwrap();
+        assert!(Cache::is_marked(&dir));
+        Cache::open(dir).unwrap();
+
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(theirs.join("thesis.tex"), "x").unwrap();
+        let Err(err) = Cache::open(theirs) else {
+            panic!("a folder with someone's files became a cache")
+        };
+        assert_eq!(crate::error::exit_code(&err), 2);
+        assert!(
+            format!("{err:#}").contains("is not a flashgen cache"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn a_stored_object_is_found_and_handed_out_verified() {
+        let (_root, cache) = cache();
+        assert!(matches!(cache.lookup(KEY, "u"), Lookup::Miss));
+        let stored = store(&cache, KEY, "u", b"\x7fELF object");
+        assert_eq!(stored.sha256, fsutil::sha256_bytes(b"\x7fELF object"));
+        let hit = cache.lookup(KEY, "u").hit().expect("a hit");
+        assert_eq!(
+            (hit.sha256.as_str(), hit.size),
+            (stored.sha256.as_str(), 11)
+        );
+        assert_eq!(hit.path, cache.object(KEY));
+        assert_eq!(cache.read_verified(&hit).unwrap(), b"\x7fELF object");
+        let mode = std::fs::metadata(&hit.path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o022, 0, "no one else may write an object");
+    }
+
+    #[test]
+    fn a_changed_object_is_corrupt_until_discarded() {
+        let (_root, cache) = cache();
+        let stored = store(&cache, KEY, "u", b"good bytes");
+        // Same size, other bytes, put in place by rename: the new file id (another inode) makes
+        // the lookup hash them again.
+        let evil = cache.dir.join("tmp/evil");
+        std::fs::write(&evil, b"evil bytes").unwrap();
+        std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&evil, cache.object(KEY)).unwrap();
+        let why = corrupt(cache.lookup(KEY, "u"));
+        assert!(why.contains("its record says"), "{why}");
+        // Whoever hands it out hashes what it hands out, whatever the lookup said before.
+        let handed = cache.read_verified(&stored).unwrap_err();
+        assert!(handed.contains("its record says"), "{handed}");
+        cache.discard(KEY).unwrap();
+        assert!(matches!(cache.lookup(KEY, "u"), Lookup::Miss));
+    }
+
+    #[test]
+    fn a_record_of_another_instance_or_writable_by_others_is_corrupt() {
+        let (_root, cache) = cache();
+        store(&cache, KEY, "u", b"bytes");
+        let why = corrupt(cache.lookup(KEY, "other_uri"));
+        assert!(why.contains("not of other_uri"), "{why}");
+
+        std::fs::set_permissions(cache.object(KEY), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        let why = corrupt(cache.lookup(KEY, "u"));
+        assert!(why.contains("writable by group or others"), "{why}");
+
+        std::fs::remove_file(cache.object(KEY)).unwrap();
+        let why = corrupt(cache.lookup(KEY, "u"));
+        assert!(why.contains("is missing"), "{why}");
+    }
+}

@@ -492,3 +492,107 @@ fn dispatch_args(m: &Module) -> String {
         vals.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Toy;
+
+    fn find<'m>(m: &'m Matrix, uri: &str) -> &'m Instance {
+        m.instances.iter().find(|i| i.uri == uri).unwrap()
+    }
+
+    #[test]
+    fn an_instance_header_binds_each_axis_to_its_one_value() {
+        let toy = Toy::new();
+        let m = toy.matrix();
+        let uri = "toy_dtype_bf16_width_64_fast_true_mode_max_variant_scaled";
+        let h = instance_header(&m, find(&m, uri));
+        for line in [
+            "// Regenerate with: flashgen generate --out <DIR> --module toy --where dtype=bf16 \
+             --where width=64 --where fast=true --where mode=max --where variant=scaled",
+            "#pragma once",
+            "#include <toy/variants/scaled.cuh>",
+            "#define FLASHGEN_MODULE \"toy\"",
+            &format!("#define FLASHGEN_INSTANCE_URI \"{uri}\""),
+            "#define FLASHGEN_DISPATCHING 0",
+            "struct FlashgenVariant_scaled {",
+            "  template <typename Params> using type = Scaled<Params>;",
+            // dtype: the declared c_name, the CUDA type, code = position.
+            "#define FLASHGEN_CODE_dtype_bf16 1",
+            "using DType = __nv_bfloat16;",
+            "    if ((value) != 1) { ++flashgen_dispatch_misses(); return false; } \\",
+            "    using NAME = __nv_bfloat16; \\",
+            // int: the value itself; bool: 0/1; enum: its position.
+            "constexpr int WIDTH = 64;",
+            "    if ((value) != 64) { ++flashgen_dispatch_misses(); return false; } \\",
+            "constexpr bool FAST = true;",
+            "#define FLASHGEN_CODE_mode_max 1",
+            "constexpr int MODE = 1;",
+            "#define ATTENTION_VARIANT Scaled",
+            "#define ADDITIONAL_PARAMS_DECL float scale;",
+            "    using NAME = FlashgenVariant_scaled; \\",
+        ] {
+            assert!(h.lines().any(|l| l == line), "no line {line:?} in:\n{h}");
+        }
+        // Only the instance's own variant header, and nothing of where the tree lies.
+        assert!(!h.contains("plain.cuh"), "{h}");
+        assert!(!h.contains(&toy.dir.path().display().to_string()), "{h}");
+    }
+
+    #[test]
+    fn headers_are_a_pure_function_of_the_matrix() {
+        let (a, b) = (Toy::new(), Toy::new());
+        let (ma, mb) = (a.matrix(), b.matrix());
+        let headers = |m: &Matrix| -> Vec<String> {
+            m.instances.iter().map(|i| instance_header(m, i)).collect()
+        };
+        let ha = headers(&ma);
+        assert_eq!(ha, headers(&mb), "same matrix in another folder, same text");
+        let distinct: std::collections::HashSet<&String> = ha.iter().collect();
+        assert_eq!(distinct.len(), ma.instances.len(), "one text per instance");
+        let plain = instance_header(
+            &ma,
+            find(
+                &ma,
+                "toy_dtype_f16_width_32_fast_false_mode_sum_variant_plain",
+            ),
+        );
+        assert!(plain
+            .lines()
+            .any(|l| l == "#define ADDITIONAL_PARAMS_DECL "));
+        assert!(plain.lines().any(|l| l == "using DType = half;"));
+        assert!(plain.lines().any(|l| l == "constexpr bool FAST = false;"));
+    }
+
+    #[test]
+    fn a_dispatch_header_switches_over_the_selected_values() {
+        let m = Toy::new().matrix();
+        let module = &m.modules[0];
+        let selected: Vec<&Instance> = m
+            .instances
+            .iter()
+            .filter(|i| i.uri.contains("_width_64_") || i.uri.contains("_width_128_"))
+            .collect();
+        let h = dispatch_header(&m, module, &selected, "flashgen generate --dispatch");
+        for line in [
+            "// Regenerate with: flashgen generate --dispatch",
+            "#define FLASHGEN_DISPATCHING 1",
+            "#include <toy/variants/plain.cuh>",
+            "#include <toy/variants/scaled.cuh>",
+            "struct FlashgenVariant_plain {",
+            "struct FlashgenVariant_scaled {",
+            // The union of the variants' parameters.
+            "#define ADDITIONAL_PARAMS_DECL float scale;",
+            "// axis width (int): 64, 128",
+            "      case 64: { [[maybe_unused]] constexpr int NAME = 64; const unsigned \
+             flashgen_misses_before = flashgen_dispatch_misses(); __VA_ARGS__ return \
+             flashgen_dispatch_misses() == flashgen_misses_before; } \\",
+            "      default: ++flashgen_dispatch_misses(); return false; \\",
+        ] {
+            assert!(h.lines().any(|l| l == line), "no line {line:?} in:\n{h}");
+        }
+        assert!(!h.contains("case 32:"), "{h}");
+        assert!(!h.contains("FLASHGEN_INSTANCE_URI"), "{h}");
+    }
+}

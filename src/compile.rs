@@ -47,7 +47,8 @@ use anyhow::Result;
 
 use crate::arch::Arch;
 use crate::error::UsageError;
-use crate::toolchain::Toolchain;
+use crate::toolchain::{runtime_soname, Toolchain};
+use crate::ui::shell_quote;
 
 /// Flags every instance gets: a shared object with only the C entry points exported, and
 /// reproducible bytes (see DEVELOPERS.md). The CUDA runtime is not linked in
@@ -60,35 +61,6 @@ const FIXED_FLAGS: &[&str] = &[
     "-Xlinker=--strip-all",
     NO_BUILD_ID,
 ];
-
-/// The CUDA major release whose runtime an instance links when the toolchain's version is not
-/// known (`generate` without nvcc): the pinned toolchain's.
-pub const DEFAULT_CUDA_MAJOR: u32 = 13;
-
-/// The CUDA major release of `tc`'s nvcc (`13.0.88` -> 13), else [`DEFAULT_CUDA_MAJOR`].
-pub fn cuda_major(tc: &Toolchain) -> u32 {
-    tc.nvcc_version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(DEFAULT_CUDA_MAJOR)
-}
-
-/// The shared CUDA runtime an instance needs, by its soname (`libcudart.so.13`): what the `.so`
-/// records as `NEEDED`, and what the loader makes sure is mapped before it loads an instance.
-pub fn runtime_soname(cuda_major: u32) -> String {
-    format!("libcudart.so.{cuda_major}")
-}
-
-/// The shared runtime file of `tc`'s toolkit (`<lib>/libcudart.so.13` beside `bin/nvcc`), which
-/// `--manylinux`'s zig wrapper links by path: zig's driver takes no `-l:` form.
-pub fn runtime_library(tc: &Toolchain) -> Option<PathBuf> {
-    let name = runtime_soname(cuda_major(tc));
-    tc.lib_dirs
-        .iter()
-        .map(|d| d.join(&name))
-        .find(|p| p.is_file())
-}
 
 /// The link flag that makes an instance need [`runtime_soname`]. By the versioned file name
 /// (`-l:`), since the PyPI runtime ships no unversioned `libcudart.so`; placed after the
@@ -594,17 +566,6 @@ pub fn guard_main() -> ! {
     // SAFETY: kill(2) with pid 0 signals this process group, which the guard leads.
     unsafe { libc::kill(0, libc::SIGKILL) };
     std::process::exit(1)
-}
-
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_=/.,:+@%".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! Nothing here checks meaning (that is `matrix`'s job); this module only reads the file, refuses
 //! unknown keys and duplicated names, and reports syntax errors with `file:line:column`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Result;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -23,9 +23,6 @@ impl<V> Default for UniqueMap<V> {
 }
 
 impl<V> UniqueMap<V> {
-    pub fn get(&self, key: &str) -> Option<&V> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-    }
     pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
         self.0.iter().map(|(k, v)| (k, v))
     }
@@ -191,11 +188,6 @@ pub struct VariantsFile {
     pub variants: UniqueMap<VariantDecl>,
 }
 
-/// Reads and parses a JSON file, turning serde's error into `file:line:column: message`.
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    parse_json(path, &read_text(path)?)
-}
-
 pub fn read_text(path: &Path) -> Result<String> {
     Ok(std::fs::read_to_string(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::InvalidData {
@@ -227,9 +219,4 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(path: &Path, text: &str) -> Resu
 /// serde_json appends " at line L column C"; the message leads with the position already.
 fn strip_position(msg: &str) -> &str {
     msg.rfind(" at line ").map_or(msg, |i| &msg[..i])
-}
-
-/// Where the config file lives: `--config`, else `./variants.json`.
-pub fn config_path(given: Option<&Path>) -> PathBuf {
-    given.map_or_else(|| PathBuf::from("variants.json"), Path::to_path_buf)
 }

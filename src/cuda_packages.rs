@@ -2,7 +2,7 @@
 //! needs at run time, and the toolchain its JIT needs to compile (the `jit` extra).
 //!
 //! An instance links the toolkit's shared runtime (`libcudart.so.<major>`, see
-//! [`crate::compile::runtime_soname`]) instead of a static copy, so the wheel requires the
+//! [`crate::toolchain::runtime_soname`]) instead of a static copy, so the wheel requires the
 //! runtime package of that major release; torch and cupy installations already carry it. The
 //! compiler is optional: a wheel whose kernels are all precompiled never runs it, and `pip install
 //! 'flashgen[jit]'` brings the pinned nvcc (and zig, for a wheel built for a glibc target) for the
@@ -45,7 +45,7 @@ pub fn jit_requirements(nvcc_version: &str, zig: Option<&str>) -> Vec<String> {
     let major: u32 = parts
         .next()
         .and_then(|m| m.parse().ok())
-        .unwrap_or(crate::compile::DEFAULT_CUDA_MAJOR);
+        .unwrap_or(crate::toolchain::DEFAULT_CUDA_MAJOR);
     let minor = parts
         .next()
         .filter(|m| m.chars().all(|c| c.is_ascii_digit()) && !m.is_empty())

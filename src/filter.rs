@@ -174,3 +174,38 @@ impl FilterArgs {
         NoMatch(lines.join("\n"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Toy;
+
+    #[test]
+    fn filters_select_in_matrix_order() {
+        let m = Toy::new().matrix();
+        let select = |module: Option<&str>, wheres: &[&str], aot: bool| {
+            FilterArgs {
+                module: module.map(str::to_string),
+                wheres: wheres.iter().map(|s| s.to_string()).collect(),
+                aot,
+            }
+            .select(&m)
+        };
+        assert_eq!(select(None, &[], false).unwrap().len(), 48);
+        assert_eq!(select(Some("t*"), &[], false).unwrap().len(), 48);
+        let bf16_wide = select(None, &["dtype=bf16", "width=*28"], false).unwrap();
+        assert_eq!(bf16_wide.len(), 8);
+        assert!(bf16_wide
+            .iter()
+            .all(|i| i.uri.starts_with("toy_dtype_bf16_width_128_")));
+        let at = |i: &Instance| m.instances.iter().position(|x| x.uri == i.uri).unwrap();
+        assert!(bf16_wide.windows(2).all(|w| at(w[0]) < at(w[1])));
+        assert_eq!(select(None, &["mode=sum"], true).unwrap().len(), 4);
+        let none = select(None, &["width=7"], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&none), 1, "{none:#}");
+        let unknown = select(None, &["depth=1"], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&unknown), 2, "{unknown:#}");
+        let module = select(Some("other"), &[], false).unwrap_err();
+        assert_eq!(crate::error::exit_code(&module), 2, "{module:#}");
+    }
+}

@@ -32,38 +32,71 @@ pub fn is_atomic_temp(name: &str) -> bool {
 /// one. No fsync: these files (headers, records, manifests) are cheap to regenerate, and syncing
 /// each of 10,000 small files dominated a cold build.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(ATOMIC_TEMP_PREFIX)
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
-    tmp.write_all(bytes)?;
     // tempfile creates 0600; these files are meant to be read by others (like any build output).
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    write_via_temp(path, bytes, 0o644)
 }
 
 /// Writes `bytes` (a cache object's, just hashed) to `dst` atomically, mode 0755 (a temp file
 /// beside `dst`, then rename). A copy, never a hard link: editing or truncating an output must
 /// not reach the cache object it came from.
 pub fn place_bytes(bytes: &[u8], dst: &Path) -> Result<()> {
-    let dir = dst.parent().unwrap_or(Path::new("."));
+    write_via_temp(dst, bytes, 0o755)
+}
+
+/// `bytes` into a temp file beside `path` (its folder created), given `mode`, renamed onto `path`.
+fn write_via_temp(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(ATOMIC_TEMP_PREFIX)
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temp file in {}", dir.display()))?;
     tmp.write_all(bytes)
-        .with_context(|| format!("cannot write {}", dst.display()))?;
+        .with_context(|| format!("cannot write {}", path.display()))?;
     tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o755))?;
-    tmp.persist(dst)
-        .with_context(|| format!("cannot write {}", dst.display()))?;
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// A toolchain probe's answer, memoized in `<cache_dir>/toolchain/<id>.json` where the id hashes
+/// `tag` and the path (resolved), size and mtime of each of `programs`: a warm run spawns no
+/// process, and replacing a program changes the id. `probe` runs without a memo (or without a
+/// cache folder); its answer is written back, and a memo that cannot be written only costs a
+/// probe next time.
+pub fn memoized<T: serde::Serialize + serde::de::DeserializeOwned>(
+    cache_dir: Option<&Path>,
+    tag: &str,
+    programs: &[&Path],
+    probe: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    use sha2::{Digest, Sha256};
+    let mut id = Sha256::new();
+    id.update(tag);
+    for p in programs {
+        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        id.update(format!("{}|{}|{:?}\n", p.display(), meta.len(), mtime));
+    }
+    let memo = cache_dir.map(|d| {
+        d.join("toolchain")
+            .join(format!("{:x}.json", id.finalize()))
+    });
+    if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
+        if let Ok(v) = serde_json::from_str::<T>(&text) {
+            return Ok(v);
+        }
+    }
+    let v = probe()?;
+    if let Some(memo) = memo {
+        let _ = write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
+    }
+    Ok(v)
 }
 
 /// Total size of the files under `path`.
@@ -100,12 +133,6 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
     meta.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec())
-}
-
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(sha256_reader(&mut f)?)
 }
 
 pub fn sha256_reader(r: &mut impl std::io::Read) -> std::io::Result<String> {

@@ -44,7 +44,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::UsageError;
 use crate::fsutil;
@@ -217,7 +216,7 @@ impl ZigHost {
             })?
             .join("toolchain");
         let (fini, fini_sha) = dso_fini_object(&zig, &probe, target, &dir)?;
-        let quote = |p: &Path| crate::compile::shell_quote(&p.display().to_string());
+        let quote = |p: &Path| crate::ui::shell_quote(&p.display().to_string());
         let includes: Vec<String> = probe
             .includes
             .iter()
@@ -404,7 +403,7 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
             ));
         }
     }
-    for site in crate::toolchain::python_site_packages() {
+    for site in crate::python_env::python_site_packages() {
         let p = site.join("ziglang/zig");
         if p.is_file() {
             return Ok((p, format!("python package ziglang in {}", site.display())));
@@ -423,60 +422,38 @@ fn find_zig(nvcc: &Path) -> Result<(PathBuf, String)> {
 }
 
 fn probe(zig: &Path, gxx: &Path, cache_dir: Option<&Path>) -> Result<Probe> {
-    let mut id = Sha256::new();
-    id.update("zig-probe 2\n");
-    for p in [zig, gxx] {
-        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
-        id.update(format!(
-            "{}|{}|{:?}\n",
-            p.display(),
-            meta.len(),
-            meta.modified().ok()
-        ));
-    }
-    let memo = cache_dir.map(|d| {
-        d.join("toolchain")
-            .join(format!("{:x}.json", id.finalize()))
-    });
-    if let Some(p) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
-        if let Ok(p) = serde_json::from_str::<Probe>(&p) {
-            return Ok(p);
+    fsutil::memoized(cache_dir, "zig-probe 3\n", &[zig, gxx], || {
+        let zig_version = output(Command::new(zig).arg("version"))?.trim().to_string();
+        let clang_version = first_line(&output(Command::new(zig).args(["c++", "--version"]))?);
+        let gxx_version = first_line(&output(Command::new(gxx).arg("--version"))?);
+        // g++'s own search list; its libstdc++ folders are those with `c++` in the path.
+        let search = output_all(Command::new(gxx).args(["-xc++", "-E", "-v", "/dev/null"]))?;
+        let includes: Vec<PathBuf> = search
+            .lines()
+            .skip_while(|l| !l.starts_with("#include <...>"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("End of search list"))
+            .map(|l| PathBuf::from(l.trim()))
+            .filter(|p| p.components().any(|c| c.as_os_str() == "c++"))
+            .collect();
+        if includes.is_empty() {
+            return Err(UsageError::new(format!(
+                "--manylinux: {} lists no GNU libstdc++ headers in its search path",
+                gxx.display()
+            ))
+            .with_hint(
+                "install g++ (apt-get install g++), or set NVCC_CCBIN to a g++ that has them",
+            )
+            .into());
         }
-    }
-    let zig_version = output(Command::new(zig).arg("version"))?.trim().to_string();
-    let clang_version = first_line(&output(Command::new(zig).args(["c++", "--version"]))?);
-    let gxx_version = first_line(&output(Command::new(gxx).arg("--version"))?);
-    // g++'s own search list; its libstdc++ folders are those with `c++` in the path.
-    let search = output_all(Command::new(gxx).args(["-xc++", "-E", "-v", "/dev/null"]))?;
-    let includes: Vec<PathBuf> = search
-        .lines()
-        .skip_while(|l| !l.starts_with("#include <...>"))
-        .skip(1)
-        .take_while(|l| !l.starts_with("End of search list"))
-        .map(|l| PathBuf::from(l.trim()))
-        .filter(|p| p.components().any(|c| c.as_os_str() == "c++"))
-        .collect();
-    if includes.is_empty() {
-        return Err(UsageError::new(format!(
-            "--manylinux: {} lists no GNU libstdc++ headers in its search path",
-            gxx.display()
-        ))
-        .with_hint("install g++ (apt-get install g++), or set NVCC_CCBIN to a g++ that has them")
-        .into());
-    }
-    let p = Probe {
-        zig_version,
-        clang_version,
-        gxx_version,
-        includes,
-    };
-    if let Some(memo) = memo {
-        let _ = fsutil::write_atomic(&memo, serde_json::to_string(&p)?.as_bytes());
-    }
-    Ok(p)
+        Ok(Probe {
+            zig_version,
+            clang_version,
+            gxx_version,
+            includes,
+        })
+    })
 }
-
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or("").trim().to_string()
 }

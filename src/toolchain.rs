@@ -7,18 +7,19 @@
 //!
 //! Child processes never pick up code from the caller's working folder: PATH and
 //! LD_LIBRARY_PATH keep only their absolute entries ([`drop_relative_search_paths`], run first
-//! thing by the binary), and Python is run isolated from `/` ([`python_command`]).
+//! thing by the binary), and Python is run isolated from `/`
+//! ([`python_command`](crate::python_env::python_command)).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::UsageError;
 use crate::fsutil;
 use crate::manylinux::{Glibc, ZigHost};
+use crate::python_env::{anchored, pypi_nvcc, python_site_packages};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Toolchain {
@@ -152,10 +153,10 @@ impl Toolchain {
             manylinux,
         };
         if let Some(target) = manylinux {
-            let runtime = crate::compile::runtime_library(&tc).ok_or_else(|| {
+            let runtime = runtime_library(&tc).ok_or_else(|| {
                 UsageError::new(format!(
                     "--manylinux: no {} beside {} (looked in {})",
-                    crate::compile::runtime_soname(crate::compile::cuda_major(&tc)),
+                    runtime_soname(cuda_major(&tc)),
                     tc.nvcc.display(),
                     tc.lib_dirs
                         .iter()
@@ -220,94 +221,6 @@ fn find_nvcc() -> Result<(PathBuf, String)> {
         .into())
 }
 
-/// nvcc of the PyPI package `nvidia-cuda-nvcc` (CUDA 13 layout, then 12) in `site`.
-fn pypi_nvcc(site: &Path) -> Option<PathBuf> {
-    ["nvidia/cu13/bin/nvcc", "nvidia/cuda_nvcc/bin/nvcc"]
-        .iter()
-        .map(|rel| site.join(rel))
-        .find(|p| p.is_file())
-}
-
-/// site-packages folders of the Python environment that asked (`FLASHGEN_PYTHON`, which the
-/// loader sets), else the active one (`VIRTUAL_ENV`, `CONDA_PREFIX`, the `python3` on PATH).
-/// Folders are guessed from the prefix first; a Python process is started only when that misses.
-pub(crate) fn python_site_packages() -> Vec<PathBuf> {
-    if let Some(py) = std::env::var_os("FLASHGEN_PYTHON") {
-        let py = PathBuf::from(py);
-        let prefix = py.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
-        let mut sites = glob_site_packages(prefix);
-        if !sites.iter().any(|s| pypi_nvcc(s).is_some()) {
-            sites.extend(ask_python(&py));
-        }
-        return sites;
-    }
-    let prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(PathBuf::from)
-        .collect();
-    let mut out: Vec<PathBuf> = prefixes
-        .iter()
-        .flat_map(|p| glob_site_packages(p))
-        .collect();
-    if out.is_empty() {
-        if let Ok(py) = which::which("python3") {
-            out.extend(ask_python(&py));
-        }
-    }
-    out
-}
-
-fn glob_site_packages(prefix: &Path) -> Vec<PathBuf> {
-    let lib = prefix.join("lib");
-    let Ok(rd) = std::fs::read_dir(&lib) else {
-        return Vec::new();
-    };
-    let mut v: Vec<PathBuf> = rd
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
-        .map(|e| e.path().join("site-packages"))
-        .filter(|p| p.is_dir())
-        .collect();
-    v.sort();
-    v
-}
-
-fn ask_python(python: &Path) -> Option<PathBuf> {
-    let out = python_command(python)
-        .args([
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-/// `python` ready to take `-c CODE`: isolated (`-I`: neither the working folder nor any
-/// `PYTHON*` variable, `PYTHONPATH` and `PYTHONSTARTUP` included, nor the user's site-packages
-/// reach `sys.path`) and started in `/`. Python puts the folder it starts in first on
-/// `sys.path` for `-c`, so run in the caller's folder a `sysconfig.py` or `torch.py` planted there
-/// would run as the caller.
-pub(crate) fn python_command(python: &Path) -> Command {
-    let mut cmd = Command::new(anchored(python));
-    cmd.arg("-I").current_dir("/");
-    cmd
-}
-
-/// `program` as a child started in another folder must name it: a relative path with a folder
-/// (`venv/bin/python`, `./cuda/bin/nvcc`) names a file of the caller's folder, so it is made
-/// absolute; a bare name is left to the (absolute-only) PATH.
-fn anchored(program: &Path) -> PathBuf {
-    if program.is_relative() && program.components().count() > 1 {
-        std::path::absolute(program).unwrap_or_else(|_| program.to_path_buf())
-    } else {
-        program.to_path_buf()
-    }
-}
-
 /// Removes the empty and relative entries (`.`, `bin`, ``) from this process's PATH and
 /// LD_LIBRARY_PATH, so neither a lookup here (nvcc, g++, zig, python3, the launcher, nvidia-smi)
 /// nor one by a child (nvcc finding its host compiler, the dynamic loader finding a child's
@@ -332,34 +245,12 @@ pub fn drop_relative_search_paths() {
 }
 
 fn versions(cache_dir: Option<&Path>, nvcc: &Path, host: &Path) -> Result<Versions> {
-    let mut id = Sha256::new();
-    for p in [nvcc, host] {
-        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let meta = std::fs::metadata(&p).with_context(|| format!("cannot stat {}", p.display()))?;
-        let mtime = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        id.update(format!("{}|{}|{:?}\n", p.display(), meta.len(), mtime));
-    }
-    let memo = cache_dir.map(|d| {
-        d.join("toolchain")
-            .join(format!("{:x}.json", id.finalize()))
-    });
-    if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
-        if let Ok(v) = serde_json::from_str::<Versions>(&text) {
-            return Ok(v);
-        }
-    }
-    let v = Versions {
-        nvcc: version_text(nvcc)?,
-        host: version_text(host)?,
-    };
-    // A cache we cannot write only costs a process next time.
-    if let Some(memo) = memo {
-        let _ = fsutil::write_atomic(&memo, serde_json::to_string(&v)?.as_bytes());
-    }
-    Ok(v)
+    fsutil::memoized(cache_dir, "", &[nvcc, host], || {
+        Ok(Versions {
+            nvcc: version_text(nvcc)?,
+            host: version_text(host)?,
+        })
+    })
 }
 
 fn version_text(program: &Path) -> Result<String> {
@@ -378,4 +269,33 @@ fn version_text(program: &Path) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The CUDA major release whose runtime an instance links when the toolchain's version is not
+/// known (`generate` without nvcc): the pinned toolchain's.
+pub const DEFAULT_CUDA_MAJOR: u32 = 13;
+
+/// The CUDA major release of `tc`'s nvcc (`13.0.88` -> 13), else [`DEFAULT_CUDA_MAJOR`].
+pub fn cuda_major(tc: &Toolchain) -> u32 {
+    tc.nvcc_version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(DEFAULT_CUDA_MAJOR)
+}
+
+/// The shared CUDA runtime an instance needs, by its soname (`libcudart.so.13`): what the `.so`
+/// records as `NEEDED`, and what the loader makes sure is mapped before it loads an instance.
+pub fn runtime_soname(cuda_major: u32) -> String {
+    format!("libcudart.so.{cuda_major}")
+}
+
+/// The shared runtime file of `tc`'s toolkit (`<lib>/libcudart.so.13` beside `bin/nvcc`), which
+/// `--manylinux`'s zig wrapper links by path: zig's driver takes no `-l:` form.
+pub fn runtime_library(tc: &Toolchain) -> Option<PathBuf> {
+    let name = runtime_soname(cuda_major(tc));
+    tc.lib_dirs
+        .iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.is_file())
 }

@@ -131,18 +131,22 @@ pub fn trace(argv: &[String]) {
 /// A command as one line a shell reads back as the same argv.
 pub fn shell_words(argv: &[String]) -> String {
     argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_=/.,:+@%".contains(c))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
+        .map(|a| shell_quote(a))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// One word as a shell reads it back: as is when it holds only safe characters, else in single
+/// quotes.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_=/.,:+@%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 #[cfg(test)]

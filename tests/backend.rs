@@ -80,11 +80,7 @@ fn filters_select_backends_like_any_axis() {
     assert_eq!(aot[0]["uri"], PORTABLE_32);
     let o = t.run(&["list-variants", "--where", "backend=sm100"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("values on axis `backend`: sm90, portable"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "values on axis `backend`: sm90, portable");
 }
 
 #[test]
@@ -122,13 +118,7 @@ fn describe_carries_the_backend_order_and_what_each_runs_on() {
 /// The fixture's variants.json with `edit` applied; the command's output.
 fn with_config(edit: impl FnOnce(&mut Value), args: &[&str]) -> std::process::Output {
     let t = Tree::new("backend");
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("variants.json")).unwrap()).unwrap();
-    edit(&mut cfg);
-    t.write(
-        "variants.json",
-        &serde_json::to_string_pretty(&cfg).unwrap(),
-    );
+    t.edit(edit);
     t.run(args)
 }
 
@@ -208,7 +198,7 @@ fn a_limit_that_leaves_an_instance_no_arch_is_refused_naming_file_and_field() {
         },
         &["list-variants", "--json", "--arch", "10.0a"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(
         row(json(&o).as_array().unwrap(), SM90_32)["archs"],
         json!(["10.0a"])
@@ -219,7 +209,7 @@ fn a_limit_that_leaves_an_instance_no_arch_is_refused_naming_file_and_field() {
 fn the_generated_header_exposes_the_backend_to_the_sources() {
     let t = Tree::new("backend");
     let o = t.run(&["generate", "--out", "gen"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let sm90 =
         std::fs::read_to_string(t.path(&format!("gen/{SM90_32}/flashgen_instance.cuh"))).unwrap();
     for needle in [
@@ -270,16 +260,15 @@ fn the_generated_header_exposes_the_backend_to_the_sources() {
     );
     // For 8.0 only, the sm90 instances are left out, with a note.
     let o = t.run(&["generate", "--out", "gen80", "--arch", "8.0"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(stderr(&o).contains("leaving out 2 instances built for none of 8.0"));
     assert!(!t.path(&format!("gen80/{SM90_32}")).exists());
     // One dispatching binary is compiled for every arch: it holds only what runs on all of them.
     let o = t.run(&["generate", "--dispatch", "--out", "disp"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--dispatch: 2 instances of kern are left out of its header"),
-        "{}",
-        stderr(&o)
+    assert_success(&o);
+    assert_stderr_has(
+        &o,
+        "--dispatch: 2 instances of kern are left out of its header",
     );
     let h = std::fs::read_to_string(t.path("disp/kern/flashgen_instance.cuh")).unwrap();
     assert!(h.contains("// axis backend (backend): portable\n"), "{h}");
@@ -292,7 +281,7 @@ fn the_generated_header_exposes_the_backend_to_the_sources() {
         "--arch",
         "9.0a",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let h = std::fs::read_to_string(t.path("disp90/kern/flashgen_instance.cuh")).unwrap();
     assert!(
         h.contains("// axis backend (backend): sm90, portable\n"),
@@ -311,7 +300,7 @@ fn a_build_for_8_0_never_compiles_an_sm90_instance() {
         ])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(
         stderr(&o).contains("skipping 2 of 4 instances: built for none of 8.0")
             && stderr(&o).contains(&format!("built only for 9.0a: {SM90_32}")),
@@ -320,15 +309,8 @@ fn a_build_for_8_0_never_compiles_an_sm90_instance() {
     );
     let summary = json(&o);
     assert_eq!(summary["built"], 2);
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("out80/manifest.json")).unwrap())
-            .unwrap();
-    let uris: Vec<&str> = manifest["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["uri"].as_str().unwrap())
-        .collect();
+    let manifest = read_json(&t.path("out80/manifest.json"));
+    let uris: Vec<&str> = field_strs(&manifest["instances"], "uri");
     assert_eq!(uris, [PORTABLE_32, "kern_backend_portable_width_64"]);
     assert!(!t.path(&format!("out80/{SM90_32}.so")).exists());
     assert!(
@@ -360,9 +342,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
     let t = Tree::new("backend");
     let summary = build_json(&t, "out", &["--where", "width=32"]);
     assert_eq!(summary["built"], 2, "{summary}");
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(t.path("out/manifest.json")).unwrap())
-            .unwrap();
+    let manifest = read_json(&t.path("out/manifest.json"));
     assert_eq!(manifest["archs"], json!(["sm_80", "sm_90a"]));
     let rows = manifest["instances"].as_array().unwrap();
     let sm90 = row(rows, SM90_32);
@@ -414,7 +394,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
         t.run(&args)
     };
     let o = jit("9.0", &["--no-compile"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let a = json(&o);
     assert_eq!(a["params"]["backend"], "sm90");
     assert_eq!(
@@ -439,10 +419,9 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
         "width=32",
     ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("Instruction 'wgmma.fence' not supported on .target 'sm_80'"),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        "Instruction 'wgmma.fence' not supported on .target 'sm_80'",
     );
 }
 
@@ -450,18 +429,7 @@ fn a_build_for_8_0_and_9_0a_compiles_sm90_for_9_0a_only_and_the_manifest_says_so
 fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
     let t = Tree::new("backend");
     let pick = |cc: &str| {
-        let o = t.run(&[
-            "jit",
-            "--device-cc",
-            cc,
-            "--no-compile",
-            "--module",
-            "kern",
-            "--where",
-            "width=64",
-        ]);
-        assert!(o.status.success(), "{cc}: {}", stderr(&o));
-        let a = json(&o);
+        let a = jit_answer(&t, cc, "64");
         (
             a["params"]["backend"].as_str().unwrap().to_string(),
             a["arch"].as_str().unwrap().to_string(),
@@ -504,14 +472,16 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
         ],
     );
     // Only the backend may be left out: a selection that spans another axis is refused.
-    let o = t.run(&[
+    // `jit --no-compile` of the module on a Hopper device, before any --where.
+    let hopper_lookup = [
         "jit",
         "--device-cc",
         "9.0",
         "--no-compile",
         "--module",
         "kern",
-    ]);
+    ];
+    let o = t.run(&hopper_lookup);
     assert_usage_error(
         &o,
         &[
@@ -523,18 +493,11 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
     let o = t
         .cmd()
         .env("FLASHGEN_CUDA_ARCH_LIST", "8.0+PTX 9.0a")
-        .args([
-            "jit",
-            "--device-cc",
-            "9.0",
-            "--no-compile",
-            "--module",
-            "kern",
-        ])
+        .args(hopper_lookup)
         .args(wheres(&["backend=sm90", "width=64"]))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["archs"], json!(["sm_90a"]));
     // A real compile: the sm90 instance for a Hopper device.
     let o = t.run(&[
@@ -546,7 +509,7 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
         "--where",
         "width=64",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let a = json(&o);
     assert_eq!(
         (a["params"]["backend"].as_str(), a["source"].as_str()),

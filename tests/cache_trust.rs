@@ -23,17 +23,18 @@ fn one() -> Vec<String> {
     ])
 }
 
-/// The cache object for a summary row: `<cache>/objects/<k[..2]>/<k>.so`.
-fn object(t: &Tree, row: &Value) -> PathBuf {
-    let key = row["fingerprint"].as_str().unwrap();
-    t.path(".cache/objects")
-        .join(&key[..2])
-        .join(format!("{key}.so"))
-}
-
-fn sha256(path: &Path) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+/// `build --out OUT --json EXTRA... <one()>` through `cmd`: its output, success or not.
+fn build_one(
+    mut cmd: impl std::borrow::BorrowMut<assert_cmd::Command>,
+    out: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    cmd.borrow_mut()
+        .args(["build", "--out", out, "--json"])
+        .args(extra)
+        .args(one())
+        .output()
+        .unwrap()
 }
 
 /// An nvcc stand-in at `<tree>/wrap/bin/nvcc` (with `lib` beside it, as the toolchain expects)
@@ -101,7 +102,7 @@ fn cache_root_follows_one_rule() {
 fn a_new_cache_is_private_and_marked() {
     let t = Tree::new("toy");
     let o = t.run(&["doctor", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let meta = std::fs::metadata(t.path(".cache")).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o700);
     for sub in ["objects", "tmp", "locks"] {
@@ -159,7 +160,7 @@ fn an_unsafe_or_foreign_cache_root_is_refused_with_the_fix() {
         .args(["doctor"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(t.path("empty/CACHEDIR.TAG").is_file());
 }
 
@@ -168,18 +169,9 @@ fn an_unsafe_or_foreign_cache_root_is_refused_with_the_fix() {
 #[test]
 fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     let t = Tree::new("toy");
-    let o = t
-        .cmd()
-        .args(["build", "--out", "a", "--json", "--jobs", "100000"])
-        .args(one())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("--jobs 100000 capped at"),
-        "{}",
-        stderr(&o)
-    );
+    let o = build_one(t.cmd(), "a", &["--jobs", "100000"]);
+    assert_success(&o);
+    assert_stderr_has(&o, "--jobs 100000 capped at");
     let first = json(&o);
     let obj = object(&t, &first["instances"][0]);
     let good = std::fs::read(&obj).unwrap();
@@ -198,18 +190,9 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     let mid = bad.len() / 2;
     bad[mid] ^= 0xff;
     std::fs::write(&obj, &bad).unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "c", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("cached object is corrupt"),
-        "{}",
-        stderr(&o)
-    );
+    let o = build_one(t.cmd(), "c", &[]);
+    assert_success(&o);
+    assert_stderr_has(&o, "cached object is corrupt");
     let rebuilt = json(&o);
     assert_eq!(rebuilt["built"], 1);
     assert_eq!(std::fs::read(&obj).unwrap(), good);
@@ -219,13 +202,8 @@ fn a_corrupt_object_is_rebuilt_and_never_reported_cached() {
     std::fs::write(&elsewhere, &good).unwrap();
     std::fs::remove_file(&obj).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &obj).unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "d", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = build_one(t.cmd(), "d", &[]);
+    assert_success(&o);
     assert!(
         stderr(&o).contains("not a regular file") || stderr(&o).contains("cannot open"),
         "{}",
@@ -290,20 +268,12 @@ fn a_missing_entry_point_fails_the_instance_and_caches_nothing() {
             r#""entry_points": ["toy_query", "toy_apply", "toy_missing"]"#,
         ),
     );
-    let o = t
-        .cmd()
-        .args(["build", "--out", "out", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "out", &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let uri = "toy_dtype_f16_width_32_fast_true_mode_sum_variant_plain";
-    assert!(
-        stderr(&o).contains(&format!(
-            "{uri}: entry point `toy_missing` is not exported by the built .so"
-        )),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        &format!("{uri}: entry point `toy_missing` is not exported by the built .so"),
     );
     assert!(!stderr(&o).contains("nvcc failed"), "{}", stderr(&o));
     assert_eq!(json(&o)["failed"][0]["kind"], "entry_point");
@@ -320,12 +290,7 @@ fn a_store_failure_names_the_path_and_is_not_an_nvcc_failure() {
     let shard = obj.parent().unwrap().to_path_buf();
     std::fs::remove_dir_all(&shard).unwrap();
     std::fs::write(&shard, "not a folder").unwrap();
-    let o = t
-        .cmd()
-        .args(["build", "--out", "b", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd(), "b", &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("could not be stored"), "{err}");
@@ -347,18 +312,11 @@ fn a_header_saved_during_the_compile_is_not_cached_under_the_key_of_its_old_text
         &t,
         &format!("echo '// saved during the build' >> '{}'", header.display()),
     );
-    let o = t
-        .cmd()
-        .env("FLASHGEN_NVCC", &nvcc)
-        .args(["build", "--out", "out", "--json"])
-        .args(one())
-        .output()
-        .unwrap();
+    let o = build_one(t.cmd().env("FLASHGEN_NVCC", &nvcc), "out", &[]);
     assert!(!o.status.success(), "the build claimed success");
-    assert!(
-        stderr(&o).contains("toy.cuh changed while the instance was compiling; build again"),
-        "{}",
-        stderr(&o)
+    assert_stderr_has(
+        &o,
+        "toy.cuh changed while the instance was compiling; build again",
     );
     assert_eq!(
         json(&o)["failed"][0]["kind"],
@@ -406,8 +364,8 @@ fn concurrent_builds_of_one_instance_compile_it_once() {
         let b = s.spawn(|| spawn("out-b").unwrap());
         (a.join().unwrap(), b.join().unwrap())
     });
-    assert!(a.status.success(), "{}", stderr(&a));
-    assert!(b.status.success(), "{}", stderr(&b));
+    assert_success(&a);
+    assert_success(&b);
     assert_eq!(compiles_logged(&t), 1, "nvcc ran more than once");
     let built = json(&a)["built"].as_u64().unwrap() + json(&b)["built"].as_u64().unwrap();
     assert_eq!(built, 1);
@@ -514,7 +472,7 @@ fn generate_without_nvcc_writes_commands_that_name_nvcc() {
         .args(one())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(stderr(&o).contains("compile_commands.json will say `nvcc`"));
     let cc: Value = serde_json::from_str(
         &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
@@ -546,17 +504,13 @@ fn clean_removes_only_marked_folders_and_the_cache_only_when_asked() {
     assert!(t.run(&["doctor"]).status.success(), "creates the cache");
 
     let o = t.run(&["clean", "--cache", "--dry-run"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("would remove"), "{}", stderr(&o));
+    assert_success(&o);
+    assert_stderr_has(&o, "would remove");
     assert!(t.path("build/wheel").is_dir() && t.path(".cache").is_dir());
 
     let o = t.run(&["clean"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a flashgen build folder"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "not a flashgen build folder");
     assert!(t.path("build/flashgen/notes.txt").is_file());
     assert!(!t.path("build/wheel").exists());
     assert!(t.path(".cache").is_dir(), "the cache needs --cache");
@@ -568,16 +522,12 @@ fn clean_removes_only_marked_folders_and_the_cache_only_when_asked() {
         .args(["clean", "--cache"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a flashgen cache"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "not a flashgen cache");
     assert!(t.path("variants.json").is_file() && t.path("csrc").is_dir());
 
     let o = t.run(&["clean", "--cache"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!t.path(".cache").exists());
 }
 

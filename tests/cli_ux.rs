@@ -78,10 +78,12 @@ fn every_verb_takes_verbose() {
 
 #[test]
 fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
-    if project_nvcc().is_none() {
-        eprintln!("skipped: no nvcc (FLASHGEN_NVCC or the project venv)");
+    let Some(_) = require(
+        project_nvcc(),
+        "no nvcc (FLASHGEN_NVCC or the project venv)",
+    ) else {
         return;
-    }
+    };
     let t = Tree::new("toy");
     let o = t
         .cmd()
@@ -89,7 +91,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let nvcc = traced(&o)
         .into_iter()
         .filter(|l| l.contains("toy.cu"))
@@ -104,7 +106,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "compiled");
     assert!(
         traced(&o).iter().any(|l| l.contains("sm_90a")),
@@ -122,7 +124,7 @@ fn verbose_build_and_jit_print_each_nvcc_command_as_it_runs() {
         .args(ONE)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["built"], 1);
     assert!(traced(&o).is_empty(), "{}", stderr(&o));
 }
@@ -152,7 +154,12 @@ fn doctor_reports_version_host_compiler_origin_torch_and_gpu() {
         v["gpus"].is_array() || v["gpus"]["error"].is_string(),
         "{v}"
     );
-    if project_nvcc().is_some() {
+    if require(
+        project_nvcc(),
+        "doctor's toolchain checks need nvcc (FLASHGEN_NVCC or the project venv)",
+    )
+    .is_some()
+    {
         assert_eq!(
             v["toolchain"]["host_compiler_found_by"], "NVCC_CCBIN",
             "{v}"
@@ -216,7 +223,7 @@ fn a_jit_only_wheel_needs_no_toolchain_and_ships_an_empty_manifest() {
         .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let path = stdout(&o).trim().to_string();
     assert!(path.ends_with(".whl"), "{path}");
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();

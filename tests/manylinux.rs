@@ -17,23 +17,10 @@ const INSTANCE: &[&str] = &[
     "variant=plain",
 ];
 
-fn zig() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
-        return Some(p.into());
-    }
-    // <site>/nvidia/cu13/bin/nvcc -> <site>/ziglang/zig, where ci/setup.sh installs it.
-    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
-    p.is_file().then_some(p)
-}
-
-/// The tree, with FLASHGEN_ZIG set, or None (and a note) when a tool is missing.
+/// The tree, with FLASHGEN_ZIG set, or None when a tool is missing (a skip, see `require`).
+#[track_caller]
 fn setup() -> Option<(Tree, PathBuf)> {
-    let (Some(_), Some(zig)) = (project_nvcc(), zig()) else {
-        eprintln!(
-            "skipped: needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)"
-        );
-        return None;
-    };
+    let zig = require(project_nvcc().and(zig()), NEEDS_ZIG)?;
     Some((Tree::new("toy"), zig))
 }
 
@@ -57,7 +44,7 @@ fn build(t: &Tree, zig: &Path, out: &str, extra: &[&str]) -> serde_json::Value {
         .args(&args)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     json(&o)
 }
 
@@ -216,7 +203,7 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         .arg(t.path("stub.c"))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
 
     let mut args: Vec<String> = [
         "build-wheel",
@@ -237,7 +224,7 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         .arg(&stub)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let wheel = stdout(&o).trim().to_string();
     assert!(
         wheel.ends_with("-py3-none-manylinux_2_17_x86_64.whl"),

@@ -12,10 +12,7 @@ use common::*;
 
 /// Replaces the fixture's variants.json top-level `release`.
 fn set_release(t: &Tree, release: Value) {
-    let path = t.path("variants.json");
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    v["release"] = release;
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    t.edit(|v| v["release"] = release);
 }
 
 fn manifest_of(wheel: &Path) -> Value {
@@ -69,17 +66,13 @@ fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_r
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("variants.json release.max_wheel_mib"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "variants.json release.max_wheel_mib");
     set_release(&t, serde_json::json!({"max_wheel_mib": 100}));
     let o = without_toolchain(t.cmd())
         .args(["build-wheel", "--no-aot", "--out", "dist", "-q"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 
     // A budget that is not a whole number of MiB is bad input.
     set_release(&t, serde_json::json!({"max_wheel_mib": 0.5}));
@@ -108,24 +101,23 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let t = Tree::new("toy");
     t.with_python_package();
     // A two-instance matrix whose AOT subset is one of them; two release archs, one with PTX.
-    let path = t.path("variants.json");
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let axes = &mut v["modules"]["toy"]["axes"];
-    for (i, values) in [
-        serde_json::json!(["f16"]),
-        serde_json::json!([32, 64]),
-        serde_json::json!([true]),
-        serde_json::json!(["sum"]),
-        serde_json::json!(["plain"]),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        axes[i]["values"] = values;
-    }
-    v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
-    v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
-    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    t.edit(|v| {
+        let axes = &mut v["modules"]["toy"]["axes"];
+        for (i, values) in [
+            serde_json::json!(["f16"]),
+            serde_json::json!([32, 64]),
+            serde_json::json!([true]),
+            serde_json::json!(["sum"]),
+            serde_json::json!(["plain"]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            axes[i]["values"] = values;
+        }
+        v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
+        v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
+    });
 
     let wheels = |args: &[&str]| -> Vec<std::path::PathBuf> {
         // An inherited arch list narrows a plain build, never a release.
@@ -136,7 +128,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
             .args(args)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         stdout(&o).lines().map(std::path::PathBuf::from).collect()
     };
     let summary = |m: &Value| {
@@ -204,12 +196,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let core = &release[2];
     let m: Value = serde_json::from_str(&read_member(core, "flashgen/_aot/manifest.json")).unwrap();
     assert_eq!(m["instances"], serde_json::json!([]));
-    let packages: Vec<&str> = m["kernel_packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["package"].as_str().unwrap())
-        .collect();
+    let packages: Vec<&str> = field_strs(&m["kernel_packages"], "package");
     assert_eq!(
         packages,
         ["flashgen_kernels_sm80", "flashgen_kernels_sm90a"]
@@ -241,24 +228,16 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     );
 }
 
-/// What `jit --no-compile` answers for `kern width=W` on a device of `cc`: (backend, source).
-fn jit_lookup(t: &Tree, cc: &str, width: &str) -> (String, String) {
-    let o = t.run(&[
-        "jit",
-        "--device-cc",
-        cc,
-        "--no-compile",
-        "--module",
-        "kern",
-        "--where",
-        &format!("width={width}"),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let a = json(&o);
-    (
-        a["params"]["backend"].as_str().unwrap().to_string(),
-        a["source"].as_str().unwrap().to_string(),
-    )
+/// `jit --no-compile` for `kern width=W` on a device of `cc` answers `backend`, found in
+/// `source` (`cache`, `missing`, ...).
+#[track_caller]
+fn expect_jit(t: &Tree, cc: &str, width: &str, backend: &str, source: &str) {
+    let a = jit_answer(t, cc, width);
+    assert_eq!(
+        (a["params"]["backend"].as_str(), a["source"].as_str()),
+        (Some(backend), Some(source)),
+        "{cc} width={width}: {a}"
+    );
 }
 
 #[test]
@@ -267,39 +246,24 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
         panic!("no nvcc: install ci/requirements-cuda.txt into .venv (ci/setup.sh)");
     }
     let t = Tree::new("backend");
-    assert_eq!(
-        jit_lookup(&t, "9.0", "64"),
-        ("sm90".into(), "missing".into())
-    );
+    expect_jit(&t, "9.0", "64", "sm90", "missing");
     // Hopper: each width's sm90 instance (its preferred backend), not the portable one.
     let o = t.run(&["warm", "--device-cc", "9.0", "-j", "2", "--module", "kern"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(stdout(&o).trim(), "2", "{}", stderr(&o));
-    assert!(stderr(&o).contains("leaving out 2 of 4"), "{}", stderr(&o));
+    assert_stderr_has(&o, "leaving out 2 of 4");
     for width in ["32", "64"] {
-        assert_eq!(
-            jit_lookup(&t, "9.0", width),
-            ("sm90".into(), "cache".into())
-        );
+        expect_jit(&t, "9.0", width, "sm90", "cache");
     }
-    assert_eq!(
-        jit_lookup(&t, "8.0", "64"),
-        ("portable".into(), "missing".into())
-    );
+    expect_jit(&t, "8.0", "64", "portable", "missing");
     // Ampere takes the portable backend; a filter narrows the selection; a second warm finds
     // everything ready and compiles nothing.
     let o = t.run(&["warm", "--device-cc", "8.0", "--where", "width=64"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(
-        jit_lookup(&t, "8.0", "64"),
-        ("portable".into(), "cache".into())
-    );
-    assert_eq!(
-        jit_lookup(&t, "8.0", "32"),
-        ("portable".into(), "missing".into())
-    );
+    assert_success(&o);
+    expect_jit(&t, "8.0", "64", "portable", "cache");
+    expect_jit(&t, "8.0", "32", "portable", "missing");
     let o = t.run(&["warm", "--device-cc", "9.0", "--module", "kern"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!stderr(&o).contains("compiling"), "{}", stderr(&o));
     // A compute capability that is not MAJOR.MINOR is bad input, named.
     let o = t.run(&["warm", "--device-cc", "x.y"]);

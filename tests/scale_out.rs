@@ -46,15 +46,11 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
     split_args.extend(wheres(&ONE));
     let b = build_json(&t, "out", &split_args);
     let split = std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap();
-    let o = t
-        .cmd()
-        .env("FLASHGEN_CACHE_DIR", t.path("cache-one-step"))
-        .args(["build", "--out", "one-step", "--json"])
-        .args(wheres(&ONE))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let one_step = json(&o);
+    let one_step = build_json_with(
+        t.cmd().env("FLASHGEN_CACHE_DIR", t.path("cache-one-step")),
+        "one-step",
+        &wheres(&ONE),
+    );
     assert_eq!(one_step["built"], 1, "{one_step}");
     assert_eq!(
         one_step["instances"][0]["fingerprint"],
@@ -73,7 +69,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let nvcc = project_nvcc().expect("the project venv's nvcc");
     let root = nvcc.parent().unwrap().parent().unwrap();
     let one = t.path("one.so");
@@ -105,11 +101,7 @@ fn two_steps_give_the_bytes_of_the_one_step_build() {
         .arg(&one)
         .output()
         .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    assert_success(&run);
     assert!(
         std::fs::read(&one).unwrap() == split,
         "compile + link differs from the one-step build"
@@ -136,7 +128,7 @@ fn so_bytes_do_not_depend_on_where_the_toolchain_is_installed() {
             .args(wheres(&ONE))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         let b = json(&o);
         assert_eq!(b["built"], 1, "{b}");
         std::fs::read(b["instances"][0]["path"].as_str().unwrap()).unwrap()
@@ -317,16 +309,13 @@ fn the_launcher_runs_the_compile_only_and_stays_out_of_the_key() {
     let plain = build_json(&t, "plain", &wheres(&ONE));
     let launcher = recording_launcher(&t);
     // A fresh cache: the launched build compiles, with the same key and bytes.
-    let o = t
-        .cmd()
-        .env("FLASHGEN_CACHE_DIR", t.path("cache2"))
-        .env("FLASHGEN_NVCC_LAUNCHER", format!("{} ", launcher.display()))
-        .args(["build", "--out", "launched", "--json"])
-        .args(wheres(&ONE))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let launched = json(&o);
+    let launched = build_json_with(
+        t.cmd()
+            .env("FLASHGEN_CACHE_DIR", t.path("cache2"))
+            .env("FLASHGEN_NVCC_LAUNCHER", format!("{} ", launcher.display())),
+        "launched",
+        &wheres(&ONE),
+    );
     assert_eq!(launched["built"], 1);
     let log = std::fs::read_to_string(t.path("launched.txt")).unwrap();
     assert_eq!(log.lines().count(), 1, "{log}");
@@ -361,7 +350,7 @@ fn the_jit_honours_the_launcher_variable() {
         .args(wheres(&ONE))
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "compiled");
     let log = std::fs::read_to_string(t.path("launched.txt")).unwrap();
     assert!(
@@ -386,7 +375,7 @@ fn nvcc_environment_flags_key_the_cache() {
             .args(wheres(&ONE))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         json(&o)[0]["built"].clone()
     };
     // Built without the variables: cached for a build without them, not for one with them.
@@ -430,7 +419,7 @@ fn ninja_builds_the_plan_with_flashgens_bytes() {
         .args(&sel)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let text = std::fs::read_to_string(t.path("gen/build.ninja")).unwrap();
     assert!(
         text.contains("rule compile\n  command = $launcher $cmd"),
@@ -457,16 +446,8 @@ fn ninja_builds_the_plan_with_flashgens_bytes() {
         1
     );
     // compile_commands.json lists the compile step, as ninja ran it.
-    let cc: Value = serde_json::from_str(
-        &std::fs::read_to_string(t.path("gen/compile_commands.json")).unwrap(),
-    )
-    .unwrap();
-    let args: Vec<&str> = cc[0]["arguments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let cc = first_compile_command(&t.path("gen"));
+    let args = arguments(&cc);
     assert!(args.contains(&"-c") && !args.iter().any(|a| a.starts_with("-L")));
 }
 
@@ -501,7 +482,7 @@ impl Sccache {
             conf,
         };
         let o = s.cmd().arg("--start-server").output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         s
     }
     fn cmd(&self) -> std::process::Command {
@@ -525,7 +506,7 @@ impl Sccache {
             .args(["--show-stats", "--stats-format", "json"])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         serde_json::from_slice(&o.stdout).unwrap()
     }
     /// Cache hits so far, per sccache's language counters summed.
@@ -548,8 +529,10 @@ impl Drop for Sccache {
 #[test]
 fn sccache_hits_across_output_folders_with_the_same_bytes() {
     let _shared = shared();
-    let Some(bin) = tool("sccache") else {
-        eprintln!("SKIPPED: sccache (ci/requirements-test.txt) is not installed");
+    let Some(bin) = require(
+        tool("sccache"),
+        "sccache (ci/requirements-test.txt) is not installed",
+    ) else {
         return;
     };
     let t = Tree::new("toy");
@@ -566,7 +549,7 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
             .args(&sel)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         let v = json(&o);
         assert_eq!(
             v["built"], 3,
@@ -588,22 +571,12 @@ fn sccache_hits_across_output_folders_with_the_same_bytes() {
         Some(3),
         "each compile hits from the other folder: {counts}"
     );
-    for (ra, rb) in a["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(b["instances"].as_array().unwrap())
-    {
+    for (ra, rb) in zip_instances(&a, &b) {
         assert_eq!(ra["sha256"], rb["sha256"]);
         let (pa, pb) = (ra["path"].as_str().unwrap(), rb["path"].as_str().unwrap());
         assert_ne!(pa, pb);
         assert!(std::fs::read(pa).unwrap() == std::fs::read(pb).unwrap());
     }
-}
-
-/// The skip line of a test that needs something this machine lacks.
-fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
 }
 
 /// Polls `ready` every 200 ms for at most `limit`; whether it became true.
@@ -681,15 +654,27 @@ fn dist_auth(dist: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     stdout(&o).trim().to_string()
 }
 
-/// Why this machine cannot run a loopback sccache-dist cluster, if it cannot.
-fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
-    let sccache = tool("sccache").ok_or("sccache (ci/requirements-test.txt) is not installed")?;
-    let dist = tool("sccache-dist")
-        .ok_or("sccache-dist (shipped with sccache, ci/requirements-test.txt) is not installed")?;
+/// sccache and sccache-dist (which CI installs), or None after a skip (see `require`).
+fn dist_tools() -> Option<(PathBuf, PathBuf)> {
+    let sccache = require(
+        tool("sccache"),
+        "sccache (ci/requirements-test.txt) is not installed",
+    )?;
+    let dist = require(
+        tool("sccache-dist"),
+        "sccache-dist (shipped with sccache, ci/requirements-test.txt) is not installed",
+    )?;
+    Some((sccache, dist))
+}
+
+/// Why this machine cannot run a loopback sccache-dist cluster, if it cannot: what CI may lack
+/// too (bubblewrap is installed with apt, as root or through sudo; the build server runs as
+/// root), so the test skips on it even under CI, saying why.
+fn dist_unavailable() -> Result<(), String> {
     let bwrap = tool("bwrap").ok_or(
         "bubblewrap (`bwrap`, Debian package `bubblewrap`) is not installed; \
          ci/setup.sh installs it under CI or as root",
@@ -715,16 +700,18 @@ fn dist_unavailable() -> Result<(PathBuf, PathBuf), String> {
             stderr(&probe).trim()
         ));
     }
-    Ok((sccache, dist))
+    Ok(())
 }
 
 #[test]
 fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
     let _alone = DIST_ALONE.write().unwrap_or_else(|e| e.into_inner());
-    let (sccache, dist) = match dist_unavailable() {
-        Ok(found) => found,
-        Err(why) => return skip(&format!("loopback sccache-dist: {why}")),
+    let Some((sccache, dist)) = dist_tools() else {
+        return;
     };
+    if let Err(why) = dist_unavailable() {
+        return skip_even_under_ci(&format!("loopback sccache-dist: {why}"));
+    }
     let t = Tree::new("toy");
     let sel = wheres(&["dtype=bf16", "fast=false", "mode=max", "variant=scaled"]);
     // The reference: a local build without a launcher.
@@ -807,7 +794,7 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         })
     });
     if !registered || scheduler.exited() || server.exited() {
-        return skip(&format!(
+        return skip_even_under_ci(&format!(
             "loopback sccache-dist: the build server did not register within 30 s \
              (status {status:?})\nscheduler log:\n{}\nserver log:\n{}",
             scheduler.log_tail(),
@@ -894,12 +881,7 @@ fn sccache_dist_on_loopback_distributes_the_compiles_with_the_same_bytes() {
         s["dist_compiles"]
     );
     // The same bytes as the local build without a launcher, and the same keys.
-    for (rl, rd) in local["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(built["instances"].as_array().unwrap())
-    {
+    for (rl, rd) in zip_instances(&local, &built) {
         assert_eq!(rl["uri"], rd["uri"]);
         assert_eq!(rl["fingerprint"], rd["fingerprint"]);
         let uri = rl["uri"].as_str().unwrap();

@@ -28,19 +28,6 @@ const B: &[&str] = &[
 ];
 const A_URI: &str = "toy_dtype_f16_width_32_fast_true_mode_sum_variant_plain";
 
-fn sha256(path: &Path) -> String {
-    use sha2::Digest;
-    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
-}
-
-/// The cache object of a summary row.
-fn object(t: &Tree, row: &Value) -> PathBuf {
-    let key = row["fingerprint"].as_str().unwrap();
-    t.path(".cache/objects")
-        .join(&key[..2])
-        .join(format!("{key}.so"))
-}
-
 fn mtime(path: &Path) -> SystemTime {
     std::fs::metadata(path).unwrap().modified().unwrap()
 }
@@ -135,8 +122,8 @@ fn a_folder_flashgen_did_not_create_is_never_claimed_as_out_nor_cleaned() {
             "{dir} marked"
         );
         let o = t.run(&["clean", "--out", dir]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stderr(&o).contains("skipped"), "{}", stderr(&o));
+        assert_success(&o);
+        assert_stderr_has(&o, "skipped");
         for f in files {
             assert_eq!(
                 std::fs::read_to_string(t.path(dir).join(f)).unwrap(),
@@ -174,12 +161,8 @@ fn a_private_folder_with_files_is_never_claimed_as_the_cache_nor_cleaned() {
     );
     assert!(!private.join("CACHEDIR.TAG").exists());
     let o = with_cache(&["clean", "--cache"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a flashgen cache"),
-        "{}",
-        stderr(&o)
-    );
+    assert_success(&o);
+    assert_stderr_has(&o, "not a flashgen cache");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine");
 }
 
@@ -202,7 +185,7 @@ fn trailing_slashes_and_dots_do_not_slip_past_the_symlink_checks() {
             .args(["clean", "--cache"])
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         assert!(stderr(&o).contains("skipped"), "{spelling}: {}", stderr(&o));
     }
     assert!(t.path(".cache/CACHEDIR.TAG").is_file());
@@ -213,7 +196,7 @@ fn trailing_slashes_and_dots_do_not_slip_past_the_symlink_checks() {
     std::os::unix::fs::symlink(t.path("real"), t.path("outlink")).unwrap();
     for spelling in ["outlink/", "outlink/.", "./outlink"] {
         let o = t.run(&["clean", "--out", spelling]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         assert!(
             stderr(&o).contains("not a flashgen build folder"),
             "{spelling}: {}",
@@ -248,11 +231,11 @@ fn clean_and_the_temp_sweep_remove_only_what_flashgen_made() {
     assert!(t.path(".cache/tmp/notes.txt").is_file());
 
     let o = t.run(&["clean", "--out", "out", "--cache", "--dry-run"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(obj.is_file() && t.path("out/manifest.json").is_file());
 
     let o = t.run(&["clean", "--out", "out", "--cache"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let err = stderr(&o);
     assert!(err.contains("kept the folder"), "{err}");
     // Both instances' files went (A's only from the marker: the last manifest names B alone).
@@ -287,7 +270,7 @@ fn clean_and_the_temp_sweep_remove_only_what_flashgen_made() {
         std::fs::remove_file(t.path(f)).unwrap();
     }
     let o = t.run(&["clean", "--out", "out", "--cache"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(!t.path("out").exists() && !t.path(".cache").exists());
 }
 
@@ -346,7 +329,7 @@ fn a_corrupt_or_foreign_object_is_rebuilt_never_handed_out() {
     let w = wheres(A);
     args.extend(w.iter().map(String::as_str));
     let o = t.run(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let answer = json(&o);
     assert_eq!(answer["source"], "compiled", "{answer}");
     assert_eq!(answer["sha256"], good.as_str());
@@ -356,11 +339,11 @@ fn a_corrupt_or_foreign_object_is_rebuilt_never_handed_out() {
     std::fs::write(&record, text.replace(&good, &"0".repeat(64))).unwrap();
     args.push("--no-compile");
     let o = t.run(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "missing");
     args.pop();
     let o = t.run(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert_eq!(json(&o)["source"], "compiled");
 }
 
@@ -395,7 +378,7 @@ fn build_wheel_rebuilds_a_corrupt_object_instead_of_refusing_it_every_run() {
             .args(wheres(A))
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         o
     };
     wheel("dist-1");
@@ -404,11 +387,7 @@ fn build_wheel_rebuilds_a_corrupt_object_instead_of_refusing_it_every_run() {
     let good = sha256(&obj);
     flip_byte_keep_mtime(&obj);
     let o = wheel("dist-2");
-    assert!(
-        stderr(&o).contains("cached object is corrupt"),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, "cached object is corrupt");
     assert_eq!(sha256(&obj), good);
     let whl = PathBuf::from(stdout(&o).trim());
     let mut zip = zip::ZipArchive::new(std::fs::File::open(&whl).unwrap()).unwrap();
@@ -426,21 +405,9 @@ fn build_wheel_rebuilds_a_corrupt_object_instead_of_refusing_it_every_run() {
 
 // ---- the zig dso-fini object ------------------------------------------------------------------
 
-/// zig 0.13 as tests/manylinux.rs finds it (`FLASHGEN_ZIG`, else the PyPI `ziglang` beside nvcc).
-fn zig() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
-        return Some(p.into());
-    }
-    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
-    p.is_file().then_some(p)
-}
-
 #[test]
 fn the_zig_dso_fini_object_is_verified_and_rebuilt() {
-    let (Some(_), Some(zig)) = (project_nvcc(), zig()) else {
-        eprintln!(
-            "skipped: needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)"
-        );
+    let Some(zig) = require(project_nvcc().and(zig()), NEEDS_ZIG) else {
         return;
     };
     let t = Tree::new("toy");
@@ -452,7 +419,7 @@ fn the_zig_dso_fini_object_is_verified_and_rebuilt() {
             .env("FLASHGEN_MANYLINUX", "2_17")
             .output()
             .unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_success(&o);
         json(&o)["toolchain"]["host_compiler"]
             .as_str()
             .unwrap_or_else(|| panic!("{}", stdout(&o)))

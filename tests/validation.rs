@@ -5,87 +5,41 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Output;
 
 use assert_cmd::Command;
 use serde_json::{json, Value};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod common;
+use common::{
+    assert_stderr_has, assert_success, assert_usage_error, copy_dir, repo, stderr, stdout,
+};
 
-/// A private copy of the toy fixture, so a test can edit it.
-struct Tree {
-    dir: tempfile::TempDir,
+/// A private copy of the toy fixture (see `common::Tree`, which this derefs to) whose commands
+/// find no toolchain: a command that got past validation fails differently from the refusals
+/// asserted here.
+struct Tree(common::Tree);
+
+impl std::ops::Deref for Tree {
+    type Target = common::Tree;
+    fn deref(&self) -> &common::Tree {
+        &self.0
+    }
 }
 
 impl Tree {
     fn new() -> Tree {
-        let dir = tempfile::tempdir().unwrap();
-        copy_dir(&repo().join("tests/fixtures/toy"), dir.path());
-        Tree { dir }
+        Tree(common::Tree::new("toy"))
     }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-    fn config(&self) -> Value {
-        serde_json::from_str(&std::fs::read_to_string(self.path("variants.json")).unwrap()).unwrap()
-    }
-    fn edit(&self, edit: impl FnOnce(&mut Value)) {
-        let mut cfg = self.config();
-        edit(&mut cfg);
-        std::fs::write(
-            self.path("variants.json"),
-            serde_json::to_string_pretty(&cfg).unwrap(),
-        )
-        .unwrap();
-    }
-    /// `flashgen` in this tree, with its own cache and a toolchain that cannot be found: a
-    /// command that got past validation fails differently from the refusals asserted here.
     fn cmd(&self) -> Command {
-        let mut c = Command::cargo_bin("flashgen").unwrap();
-        c.current_dir(self.dir.path())
-            .env("FLASHGEN_CACHE_DIR", self.path(".cache"))
-            .env("FLASHGEN_NVCC", "/nonexistent/nvcc")
-            .env_remove("FLASHGEN_MAX_INSTANCES")
-            .env_remove("FLASHGEN_CUDA_ARCH_LIST")
-            .env_remove("TORCH_CUDA_ARCH_LIST");
+        let mut c = self.0.cmd();
+        c.env("FLASHGEN_NVCC", "/nonexistent/nvcc")
+            .env_remove("FLASHGEN_MAX_INSTANCES");
         c
     }
     fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
         self.cmd().args(args).output().unwrap()
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn assert_usage_error(o: &Output, needles: &[&str]) {
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "expected exit 2, stderr:\n{}",
-        stderr(o)
-    );
-    for n in needles {
-        assert!(stderr(o).contains(n), "stderr lacks {n:?}:\n{}", stderr(o));
     }
 }
 
@@ -127,7 +81,7 @@ fn variant_headers_stay_under_include() {
     let t = Tree::new();
     t.edit(|c| c["variants"]["plain"]["header"] = json!("toy/../toy/variants/plain.cuh"));
     let o = t.run(&["list-variants"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 }
 
 #[test]
@@ -251,7 +205,7 @@ fn an_axis_declares_its_own_range() {
         c["modules"]["toy"]["aot"] = json!({});
     });
     let o = t.run(&["list-variants", "--where", "width=-4"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     assert!(
         stdout(&o).contains("toy_dtype_f16_width_neg4_"),
         "{}",
@@ -370,7 +324,7 @@ fn names_must_be_plain_unreserved_c_identifiers() {
     for (edit, needles) in cases {
         let o = refused(edit);
         assert_usage_error(&o, needles);
-        assert!(stderr(&o).contains("hint:"), "{}", stderr(&o));
+        assert_stderr_has(&o, "hint:");
     }
 }
 
@@ -425,7 +379,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
         ])
     });
     let o = t.run(&["describe", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let d: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         d["variants"]["scaled"]["params"],
@@ -444,7 +398,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
         "--where",
         "variant=scaled",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let h = std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap();
     assert!(
         h.contains(
@@ -458,7 +412,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
 fn describe_exports_the_whole_param_type_table() {
     let t = Tree::new();
     let o = t.run(&["describe"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let d: Value = serde_json::from_slice(&o.stdout).unwrap();
     let mut expected = Vec::new();
     for (c, ctypes, dtype) in [
@@ -530,7 +484,7 @@ fn the_instance_limit_is_overridable_and_must_parse() {
         .args(["list-variants"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     for bad in ["abc", "", "-1", "0", "1e6"] {
         let o = t
             .cmd()
@@ -610,7 +564,7 @@ fn very_long_names_are_refused_without_panicking() {
         "--where",
         &format!("width={}", "*".repeat(256)),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
 }
 
 #[test]
@@ -860,27 +814,14 @@ mod props {
 /// flashgen/params.cuh builds for it: params need no variant axis.
 #[test]
 fn a_module_without_a_variant_axis_declares_empty_additional_params() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
-    std::fs::create_dir_all(dir.path().join("include")).unwrap();
-    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
-    std::fs::write(
-        dir.path().join("variants.json"),
+    let t = common::Tree::bare(
         r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
             "axes": [{"name": "head_dim", "type": "int", "values": [64]}]}}}"#,
-    )
-    .unwrap();
-    let o = assert_cmd::Command::cargo_bin("flashgen")
-        .unwrap()
-        .current_dir(dir.path())
-        .env("FLASHGEN_CACHE_DIR", dir.path().join(".cache"))
-        .args(["generate", "--out", "gen"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    );
+    let o = t.run(&["generate", "--out", "gen"]);
+    assert_success(&o);
     let header =
-        std::fs::read_to_string(dir.path().join("gen/m_head_dim_64/flashgen_instance.cuh"))
-            .unwrap();
+        std::fs::read_to_string(t.path("gen/m_head_dim_64/flashgen_instance.cuh")).unwrap();
     assert!(
         header.contains("#define ADDITIONAL_PARAMS_DECL\n"),
         "{header}"
@@ -901,14 +842,10 @@ fn module_filter_takes_globs() {
             .unwrap()
     };
     let o = run(&["list-variants", "--json", "--module", "*_decode"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_success(&o);
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let modules: std::collections::BTreeSet<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["module"].as_str().unwrap())
-        .collect();
+    let modules: std::collections::BTreeSet<&str> =
+        common::field_strs(&rows, "module").into_iter().collect();
     assert_eq!(
         modules.into_iter().collect::<Vec<_>>(),
         ["batch_decode", "single_decode"]
@@ -922,27 +859,16 @@ fn module_filter_takes_globs() {
 /// field): the generated dispatch reads them.
 #[test]
 fn declared_args_must_carry_every_axis() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("csrc")).unwrap();
-    std::fs::create_dir_all(dir.path().join("include")).unwrap();
-    std::fs::write(dir.path().join("csrc/m.cu"), "").unwrap();
-    std::fs::write(
-        dir.path().join("variants.json"),
+    let t = common::Tree::bare(
         r#"{"archs": ["9.0a"], "modules": {"m": {"source": "m.cu", "entry_points": ["m_run"],
             "args": {"call": [{"name": "q", "type": "const void*"}],
                      "shape": [{"name": "head_dim", "type": "int64_t"}]},
             "axes": [{"name": "head_dim", "type": "int", "values": [64]},
                      {"name": "mode", "type": "enum", "values": ["a", "b"]}]}}}"#,
-    )
-    .unwrap();
-    let o = assert_cmd::Command::cargo_bin("flashgen")
-        .unwrap()
-        .current_dir(dir.path())
-        .args(["list-variants"])
-        .output()
-        .unwrap();
+    );
+    let o = t.run(&["list-variants"]);
     assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stderr(&o);
     assert!(
         err.contains("modules.m.args.shape") && err.contains("`mode_code`"),
         "{err}"
@@ -960,7 +886,7 @@ fn real_describe() -> Value {
         .args(["describe", "--json"])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -1125,7 +1051,7 @@ fn an_unreadable_arch_list_is_refused_by_list_variants_as_by_build() {
         c.as_object_mut().unwrap().remove("archs");
     });
     let o = t.run(&["list-variants", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows[0]["archs"], Value::Null);
 }
@@ -1146,11 +1072,7 @@ fn a_device_capability_is_ascii_digits_only() {
 fn the_ninja_hint_quotes_the_folder() {
     let t = Tree::new();
     let o = t.run(&["generate", "--ninja", "--out", "gen dir; rm -rf x"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_success(&o);
     let dir = t.path("gen dir; rm -rf x");
-    assert!(
-        stderr(&o).contains(&format!("ninja -C '{}'", dir.display())),
-        "{}",
-        stderr(&o)
-    );
+    assert_stderr_has(&o, &format!("ninja -C '{}'", dir.display()));
 }

@@ -23,7 +23,7 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
     let selected = super::buildable(&builder, &selected, &ui)?;
     let report = builder.build(
         &selected,
-        &options(&args.compile, &builder, args.out.clone(), &ui)?,
+        &options(&args.compile, args.out.clone(), &ui)?,
         &ui,
     )?;
     if args.json {
@@ -37,16 +37,13 @@ pub fn run(matrix: &Matrix, args: &BuildArgs) -> Result<()> {
 
 pub(crate) fn options(
     c: &CompileArgs,
-    builder: &Builder,
     out_dir: std::path::PathBuf,
     ui: &Ui,
 ) -> Result<BuildOptions> {
     Ok(BuildOptions {
         out_dir,
-        archs: builder.archs.clone(),
         jobs: default_jobs(c.jobs, ui)?,
         keep_going: c.keep_going,
-        compress: !c.no_compress,
         use_stamp: true,
     })
 }

@@ -407,8 +407,8 @@ fn requirements(
     kernels: &[KernelPackage],
 ) -> Vec<String> {
     let (major, version) = match toolchain {
-        Some(tc) => (crate::compile::cuda_major(tc), tc.nvcc_version.as_str()),
-        None => (crate::compile::DEFAULT_CUDA_MAJOR, ""),
+        Some(tc) => (crate::toolchain::cuda_major(tc), tc.nvcc_version.as_str()),
+        None => (crate::toolchain::DEFAULT_CUDA_MAJOR, ""),
     };
     let zig = target.map(|_| crate::manylinux::ZIG_REQUIREMENT);
     std::iter::once(cuda_packages::runtime_requirement(major))
@@ -502,7 +502,7 @@ fn build_aot<'m>(
     } else {
         super::buildable(&builder, &selected, ui)?
     };
-    let mut opts = super::build::options(c, &builder, build_dir.clone(), ui)?;
+    let mut opts = super::build::options(c, build_dir.clone(), ui)?;
     // The wheel ships what the cache verified in this run, never what a stamp vouches for.
     opts.use_stamp = false;
     let report = builder.build(&selected, &opts, ui)?;

@@ -230,7 +230,7 @@ fn probe_torch() -> std::result::Result<serde_json::Value, String> {
         'cuda': torch.version.cuda, 'python': sys.executable}))";
     let py = python();
     let out = run_with_timeout(
-        crate::toolchain::python_command(&py).args(["-c", CODE]),
+        crate::python_env::python_command(&py).args(["-c", CODE]),
         Duration::from_secs(20),
     )
     .map_err(|e| format!("not importable by {} ({e})", py.display()))?;

@@ -39,7 +39,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
             a,
             true,
             false,
-            compile::DEFAULT_CUDA_MAJOR,
+            crate::toolchain::DEFAULT_CUDA_MAJOR,
         ),
     };
     let (selected, skipped): (Vec<_>, Vec<_>) = selected
@@ -164,7 +164,7 @@ pub fn run(matrix: &Matrix, args: &GenerateArgs) -> Result<()> {
         if args.ninja {
             format!(
                 "; build with: ninja -C {}",
-                crate::compile::shell_quote(&out.display().to_string())
+                crate::ui::shell_quote(&out.display().to_string())
             )
         } else {
             String::new()
@@ -198,7 +198,7 @@ impl Ninja {
 
     fn edges(&mut self, compile: &NvccCommand, link: &NvccCommand, source: &Path, header: &Path) {
         let line = |c: &NvccCommand| {
-            let words: Vec<String> = c.argv().iter().map(|w| compile::shell_quote(w)).collect();
+            let words: Vec<String> = c.argv().iter().map(|w| crate::ui::shell_quote(w)).collect();
             ninja_value(&words.join(" "))
         };
         let object = ninja_path(compile.args.last().map_or("", String::as_str));

