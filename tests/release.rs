@@ -219,6 +219,29 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
         "nothing half-written is left"
     );
 
+    // Reproducible: a cold rebuild (another build folder, an empty cache) gives the same bytes.
+    let again = t
+        .cmd()
+        .env("FLASHGEN_CACHE_DIR", t.path("cold-cache"))
+        .args(["build-wheel", "--release", "--out", "dist-again", "-q", "-j", "2"])
+        .args(["--build-dir", "build-again"])
+        .output()
+        .unwrap();
+    assert_success(&again);
+    let rebuilt: Vec<std::path::PathBuf> = stdout(&again)
+        .lines()
+        .map(std::path::PathBuf::from)
+        .collect();
+    assert_eq!(rebuilt.len(), release.len());
+    for (a, b) in release.iter().zip(&rebuilt) {
+        assert_eq!(a.file_name(), b.file_name());
+        assert!(
+            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+            "{} differs after a cold rebuild",
+            a.display()
+        );
+    }
+
     // Without --release and without filters, one wheel: the AOT subset for `archs`.
     let plain = wheels(&[]);
     assert_eq!(plain.len(), 1);
