@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "flashgen/portable_tuning.cuh"
+
 namespace flashgen {
 namespace decode {
 
@@ -20,11 +22,7 @@ struct DecodeTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
   static_assert(ELEM_BYTES_ == 2, "16-bit K/V only");
 
-#ifdef FLASHGEN_DECODE_WARPS
-  static constexpr int kWarps = FLASHGEN_DECODE_WARPS;
-#else
-  static constexpr int kWarps = 4;
-#endif
+  static constexpr int kWarps = tuning::kWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kTileTokens = 16;    // mma m (scores) and k (P V)
   static constexpr int kHeadsPerBlock = 8;  // mma n: query heads sharing one kv head
@@ -34,20 +32,9 @@ struct DecodeTraits {
   static constexpr int kRowsPerCopy = 32 / kChunks;            // rows one warp-wide copy covers
   static constexpr int kCopiesPerTile = kTileTokens / kRowsPerCopy;
 
-  // Ring depth per warp. Measured reason: a warp must keep >= 2 tiles in flight to cover DRAM
-  // latency; deeper rings for small rows, and <= ~128 KB per block so sm_80 still fits one.
-#ifdef FLASHGEN_DECODE_STAGES
-  static constexpr int kStages = FLASHGEN_DECODE_STAGES;
-#else
-  static constexpr int kStages = kHeadDim == 64 ? 4 : (kHeadDim == 128 ? 3 : 2);
-#endif
-  // Independent score accumulators per tile (a multiple of 2: hi and lo query parts). Four
-  // halve the dependent mma chain again at head_dim <= 128; head_dim 256 keeps two (registers).
-#ifdef FLASHGEN_DECODE_SCORE_CHAINS
-  static constexpr int kScoreChains = FLASHGEN_DECODE_SCORE_CHAINS;
-#else
-  static constexpr int kScoreChains = kHeadDim <= 128 ? 4 : 2;
-#endif
+  static constexpr int kStages = tuning::stages(kHeadDim);  // ring depth per warp
+  // Independent score accumulators per tile (a multiple of 2: hi and lo query parts).
+  static constexpr int kScoreChains = tuning::score_chains(kHeadDim);
   static_assert(kScoreChains == 1 || kScoreChains == 2 || kScoreChains == 4, "1, 2 or 4 chains");
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
@@ -62,19 +49,6 @@ struct DecodeTraits {
   static_assert(kStages >= 2, "a ring needs two stages");
 };
 
-/** Batch blocks in launch order: kv heads of one request side by side (1) or as launched (0). */
-#ifndef FLASHGEN_DECODE_BATCH_HEADS_FAST
-#define FLASHGEN_DECODE_BATCH_HEADS_FAST 1
-#endif
-
-/** Split-KV tuning: blocks per SM slot we aim for, and the shortest chunk worth a block. */
-#ifndef FLASHGEN_DECODE_TARGET_WAVES
-#define FLASHGEN_DECODE_TARGET_WAVES 1
-#endif
-#ifndef FLASHGEN_DECODE_MIN_CHUNK
-#define FLASHGEN_DECODE_MIN_CHUNK 64
-#endif
-constexpr int64_t kMinChunkTokens = FLASHGEN_DECODE_MIN_CHUNK;
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMergeMaxSplits = kMaxSplits;
 
@@ -98,8 +72,8 @@ template <typename Traits>
 inline int64_t plan_splits(int64_t units, int64_t max_kv_len, int64_t sm_count,
                            int64_t smem_per_sm) {
   const int64_t slots = sm_count * blocks_per_sm<Traits>(smem_per_sm);
-  int64_t splits = ceil_div(FLASHGEN_DECODE_TARGET_WAVES * slots, std::max<int64_t>(units, 1));
-  if (max_kv_len > 0) splits = std::min(splits, ceil_div(max_kv_len, kMinChunkTokens));
+  int64_t splits = ceil_div(tuning::kTargetWaves * slots, std::max<int64_t>(units, 1));
+  if (max_kv_len > 0) splits = std::min(splits, ceil_div(max_kv_len, tuning::kMinChunkTokens));
   return std::max<int64_t>(1, std::min(splits, kMaxSplits));
 }
 

@@ -3,10 +3,8 @@
  *
  *  - `has_own_logits_mask` / `has_own_logits_transform`: the hook exists and is not the identity
  *    inherited from AttentionVariantBase. variant_hooks.cuh detects any callable hook, and the
- *    base class defines all of them, so every variant deriving from the base looked masked:
- *    every kv tile took the per-element mask path and the mask-free loop never ran (measured
- *    before this header: the one loop of the causal d128 kernel carried ~170 ISETP/FSEL/SEL per
- *    tile).
+ *    base class defines all of them, so every variant deriving from the base would look masked:
+ *    every kv tile would take the per-element mask path and the mask-free loop would never run.
  *  - `LogitsTransformPrefill` (optional, same signature as LogitsTransform): a cheaper form the
  *    prefill kernel calls instead when present (soft_cap: tanh.approx; decode keeps the accurate
  *    LogitsTransform, whose LSE bound is 5e-5).
@@ -105,17 +103,12 @@ struct has_logits_range<V, P,
                             std::declval<const P&>(), std::declval<float&>(),
                             std::declval<float&>()))>> : std::true_type {};
 
-/** 0: never use a variant's LogitsRange as a fixed softmax reference (A/B switch). */
-#ifndef FLASHGEN_PREFILL_FIXED_MAX
-#define FLASHGEN_PREFILL_FIXED_MAX 1
-#endif
-
 /** Whether a prefill kernel whose P is DTypeP may take its softmax reference from the variant's
  *  LogitsRange: P needs 8 exponent bits (bf16; f16 P would underflow). The caller adds that the
  *  variant uses softmax. The one rule of both prefill kernels (portable and sm90). */
 template <typename V, typename P, typename DTypeP>
 __host__ __device__ constexpr bool fixed_reference_able() {
-  return FLASHGEN_PREFILL_FIXED_MAX && has_logits_range<V, P>::value &&
+  return has_logits_range<V, P>::value &&
          std::is_same<DTypeP, __nv_bfloat16>::value;
 }
 
