@@ -1,27 +1,18 @@
 /**
  * @brief batch_decode: the C entry points of decode over a paged KV cache (int32 CSR pages).
  *
- * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
- * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
- *
  * With pos_encoding=rope_llama the call is a prefill of one query per request through the
  * prefill kernels (qo_indptr = 0..batch, written into the workspace by a small kernel), so decode
  * and prefill of a RoPE model agree by construction.
  */
 #include <flashgen_instance.cuh>
 
-#include <cstdio>
-
-#include "flashgen/abi.h"
 #include "flashgen/decode/kernel.cuh"
-#include "flashgen/decode/traits.cuh"
-#include "flashgen/launch.cuh"
 #include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/traits.cuh"
+#include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/launch.cuh"
-#include "flashgen/status.cuh"
-
-FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
 // Kernels stay out of the anonymous namespace below: nvcc names an anonymous namespace after a
 // hash of the source file's real path, and a kernel's name is in the .so (its cubin and its
@@ -61,24 +52,6 @@ void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
   plan->splits = decode::plan_splits<Traits>(units, 0, dev.sm_count, dev.smem_per_sm);
   plan->workspace =
       decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
-}
-
-int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) {
-  if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: num_qo_heads (%lld) must be a positive multiple of "
-                "num_kv_heads (%lld)",
-                static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
-  }
-  if (batch_size <= 0 || batch_size > 65535) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: batch_size %lld out of range [1, 65535]",
-                static_cast<long long>(batch_size));
-  }
-  if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: too many heads (%lld kv, %lld qo)",
-                static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
-  }
-  return FLASHGEN_OK;
 }
 
 /** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own (run_rope's Params
@@ -148,7 +121,7 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
 }
 
 template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
-int run(const Args& a, const DeviceInfo& dev) {
+int run_standard(const Args& a, const DeviceInfo& dev) {
   using Params = BatchDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   using Traits = decode::DecodeTraits<HEAD_DIM>;
@@ -215,62 +188,70 @@ int run(const Args& a, const DeviceInfo& dev) {
   return FLASHGEN_OK;
 }
 
-}  // namespace
-
-extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* args,
-                                                                 int64_t* bytes) {
-  if (args == nullptr || bytes == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode_workspace_size: args or bytes is NULL");
+struct BatchDecode {
+  static int check_shape(const Args& a) {
+    const int64_t batch_size = a.batch_size, num_qo_heads = a.num_qo_heads;
+    const int64_t num_kv_heads = a.num_kv_heads;
+    if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: num_qo_heads (%lld) must be a positive multiple of "
+                  "num_kv_heads (%lld)",
+                  static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
+    }
+    if (batch_size <= 0 || batch_size > 65535) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: batch_size %lld out of range [1, 65535]",
+                  static_cast<long long>(batch_size));
+    }
+    if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: too many heads (%lld kv, %lld qo)",
+                  static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
+    }
+    return FLASHGEN_OK;
   }
-  const int64_t batch_size = args->batch_size, num_qo_heads = args->num_qo_heads;
-  const int64_t num_kv_heads = args->num_kv_heads;
-  if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
+
+  static int check_call(const Args& a) {
+    if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
+        a.kv_indices == nullptr || a.kv_last_page_len == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
+                  "not be NULL");
+    }
+    if (int st = check_shape(a)) return st;
+    if (!aligned16(a.paged_kv) || !vec_stride(a.kv_stride_page) || !vec_stride(a.kv_stride_kv) ||
+        !vec_stride(a.kv_stride_n) || !vec_stride(a.kv_stride_h)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
+                  "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
+                  a.paged_kv, static_cast<long long>(a.kv_stride_page),
+                  static_cast<long long>(a.kv_stride_kv), static_cast<long long>(a.kv_stride_n),
+                  static_cast<long long>(a.kv_stride_h));
+    }
+    return FLASHGEN_OK;
+  }
+
+  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
+  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+    if constexpr (POS == prefill::kPosRopeLlama) {
       int64_t indptr_bytes = 0;
-      *bytes = rope_workspace<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(*args, dev,
-                                                                            &indptr_bytes);
+      return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
     } else {
       Plan plan;
-      make_plan<FG_head_dim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
-      *bytes = plan.workspace;
+      make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
+      return plan.workspace;
     }
-  });
-  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
-}
+  }
 
-extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
-  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: args is NULL");
-  const Args& a = *args;
-  if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
-      a.kv_indices == nullptr || a.kv_last_page_len == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
-                "not be NULL");
-  }
-  if (int st = check_shape(a.batch_size, a.num_qo_heads, a.num_kv_heads)) return st;
-  if (!aligned16(a.paged_kv) || !vec_stride(a.kv_stride_page) || !vec_stride(a.kv_stride_kv) ||
-      !vec_stride(a.kv_stride_n) || !vec_stride(a.kv_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
-                "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
-                a.paged_kv, static_cast<long long>(a.kv_stride_page),
-                static_cast<long long>(a.kv_stride_kv), static_cast<long long>(a.kv_stride_n),
-                static_cast<long long>(a.kv_stride_h));
-  }
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      status = run_rope<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
+  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
+  static int run(const Args& a, const DeviceInfo& dev) {
+    if constexpr (POS == prefill::kPosRopeLlama) {
+      return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
     } else {
-      status = run<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
+      return run_standard<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
     }
-  });
-  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
+  }
+};
 
-FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
+}  // namespace
+
+FLASHGEN_DEFINE_ENTRY_POINTS(batch_decode, BatchDecode, FG_dtype, FG_head_dim, FG_page_size,
+                             FG_pos_encoding, FG_variant)

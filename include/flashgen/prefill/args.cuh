@@ -2,10 +2,13 @@
  * @brief Filling a prefill params struct from its module's generated arguments struct: the fields
  * every prefill module declares under the same name (q and o with their strides, heads, scale,
  * RoPE), and the contiguous K/V of single and ragged prefill. Each entry point adds its own.
+ * Also the shape checks the prefill modules share.
  */
 #pragma once
 
 #include <cstdint>
+
+#include "flashgen/status.cuh"
 
 namespace flashgen {
 namespace prefill {
@@ -34,6 +37,32 @@ void fill_contiguous_kv(Params& p, const Args& a) {
   p.k_stride_h = a.k_stride_h;
   p.v_stride_n = a.v_stride_n;
   p.v_stride_h = a.v_stride_h;
+}
+
+/** num_qo_heads a positive multiple of num_kv_heads, which is at most 65535. */
+template <typename Args>
+int check_shape_heads(const Args& a, const char* module) {
+  if (a.num_qo_heads <= 0 || a.num_kv_heads <= 0 || a.num_kv_heads > 65535 ||
+      a.num_qo_heads % a.num_kv_heads != 0) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: num_qo_heads (%lld) must be a positive multiple of num_kv_heads "
+                "(%lld, at most 65535)",
+                module, static_cast<long long>(a.num_qo_heads),
+                static_cast<long long>(a.num_kv_heads));
+  }
+  return FLASHGEN_OK;
+}
+
+/** The batch modules' batch_size in [1, 65535] and total_q in [0, 2^30]. */
+template <typename Args>
+int check_shape_batch(const Args& a, const char* module) {
+  if (a.batch_size < 1 || a.batch_size > 65535 || a.total_q < 0 ||
+      a.total_q > (int64_t{1} << 30)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "%s: batch_size %lld must be in [1, 65535] and total_q %lld in [0, 2^30]", module,
+                static_cast<long long>(a.batch_size), static_cast<long long>(a.total_q));
+  }
+  return FLASHGEN_OK;
 }
 
 }  // namespace prefill
