@@ -56,18 +56,18 @@ struct PrefillTraits {
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
 };
 
+/** Whether Params holds a page table (the paged kinds). */
+template <typename Params>
+using page_table_field = decltype(std::declval<Params&>().kv_indices);
+template <typename Params>
+using has_page_table = hooks::is_detected<page_table_field, Params>;
+
 /**
  * The traits of one kernel: kMinCtasLean CTAs an SM for the lean kernels (a softmax variant
  * without MaskBounds, over dense K/V), kMinCtas for the others, whose extra state did not fit
  * the lean count's registers. The kernel, its launch and the workspace query (launch.cuh) name
  * this one alias, so they agree on the plan.
  */
-template <typename Params, typename = void>
-struct has_page_table : std::false_type {};
-template <typename Params>
-struct has_page_table<Params, std::void_t<decltype(std::declval<Params&>().kv_indices)>>
-    : std::true_type {};
-
 template <int HEAD_DIM, typename Variant, typename Params>
 constexpr int min_ctas() {
   constexpr bool kLean = Variant::use_softmax && !has_mask_bounds<Variant, Params>::value &&
