@@ -100,6 +100,22 @@ __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
   return t;
 }
 
+/** v's inclusive scan over the thread's warp; each warp's total lands in scratch[warp] (between
+ *  two barriers: every thread of the block calls it). */
+__device__ __forceinline__ int64_t warp_scan_to_scratch(int64_t v, int64_t* scratch) {
+  const uint32_t tid = threadIdx.x;
+  int64_t x = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int64_t y = __shfl_up_sync(~0u, x, off);
+    if ((tid & 31) >= uint32_t(off)) x += y;
+  }
+  __syncthreads();
+  if ((tid & 31) == 31) scratch[tid >> 5] = x;
+  __syncthreads();
+  return x;
+}
+
 /**
  * One block: per-request q tiles and kv tiles, the split decision, the exclusive scan of units
  * per request (into unit_start[batch + 1]) and the unit table [grid_units]; zeroes
@@ -173,16 +189,7 @@ __global__ void __launch_bounds__(kPrepThreads)
       cnt[j] = bucket_pos[kPrepBuckets - 1 - (int(tid) * kPer + j)];
       mine_sum += cnt[j];
     }
-    int64_t x = mine_sum;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t y = __shfl_up_sync(~0u, x, off);
-      if ((tid & 31) >= uint32_t(off)) x += y;
-    }
-    __syncthreads();
-    if ((tid & 31) == 31) scratch[tid >> 5] = x;
-    __syncthreads();
-    int64_t off = x - mine_sum;
+    int64_t off = warp_scan_to_scratch(mine_sum, scratch) - mine_sum;
     for (uint32_t w = 0; w < (tid >> 5); ++w) off += scratch[w];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -216,16 +223,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   for (uint32_t base = 0; base < B; base += kPrepThreads) {
     const uint32_t b = base + tid;
     const int64_t units = b < B ? q_tiles(req(b)) * splits_of(req(b)) : 0;
-    // inclusive warp scan
-    int64_t x = units;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t y = __shfl_up_sync(~0u, x, off);
-      if ((tid & 31) >= uint32_t(off)) x += y;
-    }
-    __syncthreads();
-    if ((tid & 31) == 31) scratch[tid >> 5] = x;
-    __syncthreads();
+    const int64_t x = warp_scan_to_scratch(units, scratch);
     int64_t warp_off = 0;
     for (uint32_t w = 0; w < (tid >> 5); ++w) warp_off += scratch[w];
     const int64_t excl = carry + warp_off + x - units;
