@@ -12,6 +12,7 @@
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 
 // Kernels stay out of the anonymous namespace below: nvcc names an anonymous namespace after a
@@ -54,6 +55,22 @@ void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
       decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
 }
 
+/** The fields the decode params and the rope path's prefill params share, from the call. */
+template <typename Params>
+void fill_common(Params& p, const Args& a) {
+  using DType = typename Params::DTypeO;
+  p.q = static_cast<const DType*>(a.q);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  prefill::fill_paged_kv(p, a);
+  p.q_stride_h = a.q_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
+}
+
 /** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own (run_rope's Params
  *  and Variant). */
 template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
@@ -83,40 +100,25 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
   auto* indptr = static_cast<int32_t*>(a.workspace);
-  p.q = static_cast<const DType*>(a.q);
-  p.paged_kv = static_cast<const DType*>(a.paged_kv);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
+  fill_common(p, a);
   p.qo_indptr = indptr;
-  p.kv_indptr = a.kv_indptr;
-  p.kv_indices = a.kv_indices;
-  p.kv_last_page_len = a.kv_last_page_len;
   p.q_rope_offset = nullptr;
   p.kv_rope_offset = nullptr;
   p.q_stride_n = a.q_stride_b;
-  p.q_stride_h = a.q_stride_h;
-  p.kv_stride_page = a.kv_stride_page;
-  p.kv_stride_kv = a.kv_stride_kv;
-  p.kv_stride_n = a.kv_stride_n;
-  p.kv_stride_h = a.kv_stride_h;
   p.o_stride_n = a.o_stride_b;
-  p.o_stride_h = a.o_stride_h;
-  p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.page_size = static_cast<uint32_t>(a.page_size);
-  p.sm_scale = a.sm_scale;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
   const auto stream = static_cast<cudaStream_t>(a.stream);
   const uint32_t n = static_cast<uint32_t>(a.batch_size + 1);
-  if (int st = launch("batch_decode qo_indptr kernel", decode::one_query_each, dim3((n + 255) / 256), 256,
-                      0, stream, false, indptr, n)) {
+  if (int st = launch("batch_decode qo_indptr kernel", decode::one_query_each,
+                      dim3((n + 255) / 256), 256, 0, stream, false, indptr, n)) {
     return st;
   }
   return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, prefill::kMaskNone,
                                              prefill::kPosRopeLlama, Variant>(
-      p, a.batch_size, a.num_page_ids * PAGE_SIZE, static_cast<uint8_t*>(a.workspace) + indptr_bytes,
+      p, a.batch_size, a.num_page_ids * PAGE_SIZE,
+      static_cast<uint8_t*>(a.workspace) + indptr_bytes,
       a.workspace_bytes - indptr_bytes, dev, stream);
 }
 
@@ -128,42 +130,18 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
 
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.paged_kv = static_cast<const DType*>(a.paged_kv);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
-  p.kv_indptr = a.kv_indptr;
-  p.kv_indices = a.kv_indices;
-  p.kv_last_page_len = a.kv_last_page_len;
+  fill_common(p, a);
   p.q_stride_b = a.q_stride_b;
-  p.q_stride_h = a.q_stride_h;
-  p.kv_stride_page = a.kv_stride_page;
-  p.kv_stride_kv = a.kv_stride_kv;
-  p.kv_stride_n = a.kv_stride_n;
-  p.kv_stride_h = a.kv_stride_h;
   p.o_stride_b = a.o_stride_b;
-  p.o_stride_h = a.o_stride_h;
-  p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.page_size = PAGE_SIZE;
-  p.sm_scale = a.sm_scale;
 
   Plan plan;
   make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
-  float* part_o = nullptr;
-  float* part_w = nullptr;
   const int64_t rows = a.batch_size * a.num_qo_heads;
-  if (plan.workspace > 0) {
-    if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
-      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
-                  "batch_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
-                  "(ask flashgen_batch_decode_workspace_size on the same device)",
-                  static_cast<long long>(plan.workspace),
-                  static_cast<long long>(a.workspace_bytes), a.workspace);
-    }
-    part_o = static_cast<float*>(a.workspace);
-    part_w = part_o + plan.splits * rows * HEAD_DIM;
+  float *part_o, *part_w;
+  if (int st = decode::carve_workspace("batch_decode", a.workspace, a.workspace_bytes,
+                                       plan.splits, rows, HEAD_DIM, &part_o, &part_w)) {
+    return st;
   }
 
   auto kernel = decode::batch_decode_kernel<Traits, PAGE_SIZE, Variant, Params>;
@@ -199,7 +177,8 @@ struct BatchDecode {
                   static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
     }
     if (batch_size <= 0 || batch_size > 65535) {
-      return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: batch_size %lld out of range [1, 65535]",
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: batch_size %lld out of range [1, 65535]",
                   static_cast<long long>(batch_size));
     }
     if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {

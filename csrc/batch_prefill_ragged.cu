@@ -9,62 +9,13 @@
 #include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
-#include "flashgen/prefill/launch.cuh"
-#if FLASHGEN_BACKEND_sm90
-#include "flashgen/hopper/launch.cuh"
-#endif
+#include "flashgen/prefill/backends.cuh"
 
 namespace {
 
 using namespace flashgen;
 
 using Args = FLASHGEN_ARGS;  // generated from variants.json modules.batch_prefill_ragged.args
-
-/** Rows of keys the RoPE pre-pass may rotate: k's rows, or every slot of the listed pages. */
-int64_t kv_rows(const Args& a, int64_t page_size) {
-  (void)page_size;
-  return a.total_kv;
-}
-
-/**
- * The implementation behind each value of the backend axis (variants.json): the Hopper one
- * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
- * portable instance never names Hopper code.
- */
-template <int BACKEND>
-struct Impl;
-
-template <>
-struct Impl<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return prefill::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(
-        p, a.total_q, kv_rows(a, 1), a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
-};
-
-#if FLASHGEN_BACKEND_sm90
-template <>
-struct Impl<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return hopper::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(
-        p, a.total_q, kv_rows(a, 1), a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
-};
-#endif
 
 struct BatchPrefillRagged {
   static int check_shape(const Args& a) {
@@ -74,17 +25,19 @@ struct BatchPrefillRagged {
 
   static int check_call(const Args& a) {
     if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-      return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_ragged: q, k, v and o must not be NULL");
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_prefill_ragged: q, k, v and o must not be NULL");
     }
     return check_shape(a);
   }
 
-  /** The workspace a call of this instance needs (the same Params and Variant as run's). */
+  /** The workspace of a call (the same Params and Variant as run's). */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
     using Params = BatchPrefillRaggedParams<DType, DType, DType>;
     using Variant = typename Tag::template type<Params>;
-    return Impl<BACKEND>::template workspace_bytes<HEAD_DIM, POS, Variant, Params>(a, dev);
+    return PrefillBackend<BACKEND>::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+        a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   }
 
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
@@ -100,11 +53,13 @@ struct BatchPrefillRagged {
     p.q_rope_offset = a.q_rope_offset;
     p.kv_rope_offset = a.kv_rope_offset;
     p.batch_size = static_cast<uint32_t>(a.batch_size);
-    return Impl<BACKEND>::template launch<HEAD_DIM, MASK, POS, Variant>(p, a, dev);
+    return PrefillBackend<BACKEND>::template launch_ragged<HEAD_DIM, MASK, POS, Variant>(
+        p, a.total_q, a.total_kv, a.workspace, a.workspace_bytes, dev,
+        static_cast<cudaStream_t>(a.stream));
   }
 };
 
 }  // namespace
 
-FLASHGEN_DEFINE_ENTRY_POINTS(batch_prefill_ragged, BatchPrefillRagged, FG_dtype, FG_head_dim, FG_mask,
-                             FG_pos_encoding, FG_variant, FG_backend)
+FLASHGEN_DEFINE_ENTRY_POINTS(batch_prefill_ragged, BatchPrefillRagged, FG_dtype, FG_head_dim,
+                             FG_mask, FG_pos_encoding, FG_variant, FG_backend)

@@ -44,6 +44,27 @@ void make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, const
   plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
 }
 
+/** The fields the decode params and the rope path's prefill params share, from the call. */
+template <typename Params>
+void fill_common(Params& p, const Args& a) {
+  using DType = typename Params::DTypeO;
+  p.q = static_cast<const DType*>(a.q);
+  p.k = static_cast<const DType*>(a.k);
+  p.v = static_cast<const DType*>(a.v);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.q_stride_h = a.q_stride_h;
+  p.k_stride_n = a.k_stride_n;
+  p.k_stride_h = a.k_stride_h;
+  p.v_stride_n = a.v_stride_n;
+  p.v_stride_h = a.v_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.kv_len = static_cast<uint32_t>(a.kv_len);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
+}
+
 /** The rope_llama path's workspace: the single prefill's, for run_rope's Params and Variant. */
 template <typename DType, int HEAD_DIM, typename Tag>
 int64_t rope_workspace(int64_t kv_len, int64_t num_qo_heads, int64_t num_kv_heads,
@@ -61,24 +82,10 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   using Variant = typename Tag::template type<Params>;
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
+  fill_common(p, a);
   p.q_stride_n = a.num_qo_heads * a.q_stride_h;  // one token: any multiple of 8 will do
-  p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
   p.o_stride_n = a.num_qo_heads * a.o_stride_h;
-  p.o_stride_h = a.o_stride_h;
   p.qo_len = 1;
-  p.kv_len = static_cast<uint32_t>(a.kv_len);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.sm_scale = a.sm_scale;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
   return prefill::launch_single_prefill<HEAD_DIM, prefill::kMaskNone, prefill::kPosRopeLlama,
@@ -87,8 +94,8 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
 }
 
 /**
- * The implementation behind each value of the backend axis, as in single_prefill.cu: the Hopper
- * one exists only in binaries built for sm_90a alone.
+ * The implementation behind each value of the backend axis (as PrefillBackend for the prefill
+ * modules): the Hopper one exists only in binaries built for sm_90a alone.
  */
 template <int BACKEND>
 struct Impl;
@@ -107,19 +114,11 @@ struct Impl<FLASHGEN_CODE_backend_portable> {
     using DType = typename Params::DTypeO;
     Plan plan;
     make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
-    float* part_o = nullptr;
-    float* part_w = nullptr;
-    if (plan.workspace > 0) {
-      if (a.workspace == nullptr || a.workspace_bytes < plan.workspace ||
-          !aligned16(a.workspace)) {
-        return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
-                    "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at "
-                    "%p (ask flashgen_single_decode_workspace_size on the same device)",
-                    static_cast<long long>(plan.workspace),
-                    static_cast<long long>(a.workspace_bytes), a.workspace);
-      }
-      part_o = static_cast<float*>(a.workspace);
-      part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
+    float *part_o, *part_w;
+    if (int st = decode::carve_workspace("single_decode", a.workspace, a.workspace_bytes,
+                                         plan.splits, a.num_qo_heads, HEAD_DIM, &part_o,
+                                         &part_w)) {
+      return st;
     }
 
     auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
@@ -169,21 +168,7 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
 
   Params p;
   if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
-  p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
-  p.o_stride_h = a.o_stride_h;
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.kv_len = static_cast<uint32_t>(a.kv_len);
-  p.sm_scale = a.sm_scale;
+  fill_common(p, a);
   return Impl<BACKEND>::template launch<HEAD_DIM, Variant>(p, a, dev);
 }
 

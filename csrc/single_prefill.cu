@@ -7,54 +7,13 @@
 #include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
-#include "flashgen/prefill/launch.cuh"
-#if FLASHGEN_BACKEND_sm90
-#include "flashgen/hopper/launch.cuh"
-#endif
+#include "flashgen/prefill/backends.cuh"
 
 namespace {
 
 using namespace flashgen;
 
 using Args = FLASHGEN_ARGS;  // generated from variants.json modules.single_prefill.args
-
-/**
- * The implementation behind each value of the backend axis (variants.json): the Hopper one
- * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
- * portable instance never names Hopper code.
- */
-template <int BACKEND>
-struct Impl;
-
-template <>
-struct Impl<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
-        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
-  }
-};
-
-#if FLASHGEN_BACKEND_sm90
-template <>
-struct Impl<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return hopper::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return hopper::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
-        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
-  }
-};
-#endif
 
 struct SinglePrefill {
   static int check_shape(const Args& a) {
@@ -74,12 +33,13 @@ struct SinglePrefill {
     return check_shape(a);
   }
 
-  /** The workspace a call of this instance needs (the same Params and Variant as run's). */
+  /** The workspace of a call (the same Params and Variant as run's). */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
   static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
     using Params = SinglePrefillParams<DType, DType, DType>;
     using Variant = typename Tag::template type<Params>;
-    return Impl<BACKEND>::template workspace_bytes<HEAD_DIM, POS, Variant, Params>(a, dev);
+    return PrefillBackend<BACKEND>::template single_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
   }
 
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
@@ -92,11 +52,12 @@ struct SinglePrefill {
     prefill::fill_contiguous_kv(p, a);
     p.qo_len = static_cast<uint32_t>(a.qo_len);
     p.kv_len = static_cast<uint32_t>(a.kv_len);
-    return Impl<BACKEND>::template launch<HEAD_DIM, MASK, POS, Variant>(p, a, dev);
+    return PrefillBackend<BACKEND>::template launch_single<HEAD_DIM, MASK, POS, Variant>(
+        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
   }
 };
 
 }  // namespace
 
-FLASHGEN_DEFINE_ENTRY_POINTS(single_prefill, SinglePrefill, FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding,
-                             FG_variant, FG_backend)
+FLASHGEN_DEFINE_ENTRY_POINTS(single_prefill, SinglePrefill, FG_dtype, FG_head_dim, FG_mask,
+                             FG_pos_encoding, FG_variant, FG_backend)

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "flashgen/portable_tuning.cuh"
+#include "flashgen/status.cuh"
 
 namespace flashgen {
 namespace decode {
@@ -86,6 +87,25 @@ inline int64_t chunk_tokens(int64_t kv_len, int64_t splits) {
 inline int64_t workspace_bytes(int64_t splits, int64_t rows, int64_t head_dim) {
   if (splits <= 1) return 0;
   return splits * rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+/** The call's workspace as workspace_bytes lays it out: part_o and part_w, both null with one
+ *  split. Fails, pointing at `module`'s workspace query, when it is too small or misaligned. */
+inline int carve_workspace(const char* module, void* ws, int64_t ws_bytes, int64_t splits,
+                           int64_t rows, int64_t head_dim, float** part_o, float** part_w) {
+  const int64_t need = workspace_bytes(splits, rows, head_dim);
+  *part_o = *part_w = nullptr;
+  if (need == 0) return FLASHGEN_OK;
+  if (ws == nullptr || ws_bytes < need || (reinterpret_cast<uintptr_t>(ws) & 15) != 0) {
+    return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                "%s: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p (ask "
+                "flashgen_%s_workspace_size on the same device)",
+                module, static_cast<long long>(need), static_cast<long long>(ws_bytes), ws,
+                module);
+  }
+  *part_o = static_cast<float*>(ws);
+  *part_w = *part_o + splits * rows * head_dim;
+  return FLASHGEN_OK;
 }
 
 }  // namespace decode

@@ -1,7 +1,8 @@
 /**
  * @brief Filling a prefill params struct from its module's generated arguments struct: the fields
  * every prefill module declares under the same name (q and o with their strides, heads, scale,
- * RoPE), and the contiguous K/V of single and ragged prefill. Each entry point adds its own.
+ * RoPE), the contiguous K/V of single and ragged prefill, and the paged cache that batch prefill
+ * and batch decode share. Each entry point adds its own.
  * Also the shape checks the prefill modules share.
  */
 #pragma once
@@ -37,6 +38,19 @@ void fill_contiguous_kv(Params& p, const Args& a) {
   p.k_stride_h = a.k_stride_h;
   p.v_stride_n = a.v_stride_n;
   p.v_stride_h = a.v_stride_h;
+}
+
+/** The paged cache and its page table (batch_prefill_paged, and batch_decode's params too). */
+template <typename Params, typename Args>
+void fill_paged_kv(Params& p, const Args& a) {
+  p.paged_kv = static_cast<const typename Params::DTypeKV*>(a.paged_kv);
+  p.kv_indptr = a.kv_indptr;
+  p.kv_indices = a.kv_indices;
+  p.kv_last_page_len = a.kv_last_page_len;
+  p.kv_stride_page = a.kv_stride_page;
+  p.kv_stride_kv = a.kv_stride_kv;
+  p.kv_stride_n = a.kv_stride_n;
+  p.kv_stride_h = a.kv_stride_h;
 }
 
 /** num_qo_heads a positive multiple of num_kv_heads, which is at most 65535. */
