@@ -68,6 +68,33 @@ cp -r variants.json csrc include "$WORK/tree-src/"
 build "$WORK/tree-src" "$WORK/tree"
 
 fatbin() { objcopy -O binary --only-section=.nv_fatbin "$1" "$2"; }
+# SASS of each kernel, one block a function, without addresses and encodings.
+sass() { cuobjdump -sass "$1" | sed -E 's@/\*[0-9a-f]{4}\*/@@; s@/\* 0x[0-9a-f]+ \*/@@' | grep -v '^\s*$'; }
+# With cuobjdump and nvdisasm on PATH (the nvidia-cuda-cuobjdump and -nvdisasm wheels), a
+# DIFFERENT line names the kernels whose SASS differs (none: the cubins differ elsewhere).
+kernels_differing() {
+  sass "$1" >"$WORK/a.sass" && sass "$2" >"$WORK/b.sass" || { echo "(no SASS: cuobjdump failed)"; return; }
+  python3 - "$WORK/a.sass" "$WORK/b.sass" <<'PY'
+import re, sys
+def funcs(path):
+    out, cur, arch = {}, None, ""
+    for line in open(path):
+        m = re.search(r"arch = (\S+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = (arch, m.group(1))
+            out[cur] = []
+        elif cur:
+            out[cur].append(line.strip())
+    return out
+a, b = funcs(sys.argv[1]), funcs(sys.argv[2])
+diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+print("  SASS identical in all %d kernels" % len(a) if not diff else
+      "\n".join("  SASS differs: %s %s" % k for k in diff))
+PY
+}
 same=0 dev=0 diff=0
 echo "base $BASE_REV vs working tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- csrc include || echo '+changes'))"
 for so in "$WORK"/base/*.so; do
@@ -84,6 +111,9 @@ for so in "$WORK"/base/*.so; do
     echo "same-device $name"; dev=$((dev + 1))
   else
     echo "DIFFERENT  $name"; diff=$((diff + 1))
+    if command -v cuobjdump >/dev/null && command -v nvdisasm >/dev/null; then
+      kernels_differing "$so" "$new"
+    fi
   fi
 done
 echo "$same identical, $dev same device code (host differs), $diff different"
