@@ -17,54 +17,36 @@ namespace flashgen {
 template <int BACKEND>
 struct PrefillBackend;
 
-template <>
-struct PrefillBackend<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>
-  static int64_t single_workspace_bytes(const A&... a) {
-    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);
-  }
-  template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>
-  static int64_t batch_workspace_bytes(const A&... a) {
-    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>
-  static int launch_single(const A&... a) {
-    return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(a...);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>
-  static int launch_ragged(const A&... a) {
-    return prefill::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(a...);
-  }
-  template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename... A>
-  static int launch_paged(const A&... a) {
-    return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(a...);
-  }
-};
+// The same forwarders for each backend's namespace (which no template parameter can name).
+#define FLASHGEN_PREFILL_BACKEND(CODE, NS)                                                   \
+  template <>                                                                                \
+  struct PrefillBackend<CODE> {                                                              \
+    template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>        \
+    static int64_t single_workspace_bytes(const A&... a) {                                   \
+      return NS::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);       \
+    }                                                                                        \
+    template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>        \
+    static int64_t batch_workspace_bytes(const A&... a) {                                    \
+      return NS::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);        \
+    }                                                                                        \
+    template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>              \
+    static int launch_single(const A&... a) {                                                \
+      return NS::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(a...);                  \
+    }                                                                                        \
+    template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>              \
+    static int launch_ragged(const A&... a) {                                                \
+      return NS::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(a...);            \
+    }                                                                                        \
+    template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename... A> \
+    static int launch_paged(const A&... a) {                                                 \
+      return NS::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(a...);  \
+    }                                                                                        \
+  };
 
+FLASHGEN_PREFILL_BACKEND(FLASHGEN_CODE_backend_portable, prefill)
 #if FLASHGEN_BACKEND_sm90
-template <>
-struct PrefillBackend<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>
-  static int64_t single_workspace_bytes(const A&... a) {
-    return hopper::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);
-  }
-  template <int HEAD_DIM, int POS, typename Variant, typename Params, typename... A>
-  static int64_t batch_workspace_bytes(const A&... a) {
-    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(a...);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>
-  static int launch_single(const A&... a) {
-    return hopper::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(a...);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename... A>
-  static int launch_ragged(const A&... a) {
-    return hopper::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(a...);
-  }
-  template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename... A>
-  static int launch_paged(const A&... a) {
-    return hopper::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(a...);
-  }
-};
+FLASHGEN_PREFILL_BACKEND(FLASHGEN_CODE_backend_sm90, hopper)
 #endif
+#undef FLASHGEN_PREFILL_BACKEND
 
 }  // namespace flashgen
