@@ -55,9 +55,11 @@ void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
       decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
 }
 
-/** The fields the decode params and the rope path's prefill params share, from the call. */
+/** The fields the decode params and the rope path's prefill params share, from the call: the
+ *  variant's parameters first. */
 template <typename Params>
-void fill_common(Params& p, const Args& a) {
+int start_params(Params& p, const Args& a) {
+  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
   using DType = typename Params::DTypeO;
   p.q = static_cast<const DType*>(a.q);
   p.o = static_cast<DType*>(a.o);
@@ -69,6 +71,7 @@ void fill_common(Params& p, const Args& a) {
   p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
   p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.sm_scale = a.sm_scale;
+  return FLASHGEN_OK;
 }
 
 /** Bytes of the rope path's workspace: the qo_indptr, then the prefill's own (run_rope's Params
@@ -98,9 +101,8 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
                 a.workspace);
   }
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
+  if (int st = start_params(p, a)) return st;
   auto* indptr = static_cast<int32_t*>(a.workspace);
-  fill_common(p, a);
   p.qo_indptr = indptr;
   p.q_rope_offset = nullptr;
   p.kv_rope_offset = nullptr;
@@ -129,8 +131,7 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
   using Traits = decode::DecodeTraits<HEAD_DIM>;
 
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
-  fill_common(p, a);
+  if (int st = start_params(p, a)) return st;
   p.q_stride_b = a.q_stride_b;
   p.o_stride_b = a.o_stride_b;
   p.page_size = PAGE_SIZE;
@@ -208,26 +209,28 @@ struct BatchDecode {
     return FLASHGEN_OK;
   }
 
+  /** One instance: rope_llama through the prefill kernels, the decode kernels otherwise. */
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    if constexpr (POS == prefill::kPosRopeLlama) {
-      int64_t indptr_bytes = 0;
-      return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
-    } else {
-      Plan plan;
-      make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
-      return plan.workspace;
+  struct Instance {
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        int64_t indptr_bytes = 0;
+        return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
+      } else {
+        Plan plan;
+        make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
+        return plan.workspace;
+      }
     }
-  }
 
-  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
-  static int run(const Args& a, const DeviceInfo& dev) {
-    if constexpr (POS == prefill::kPosRopeLlama) {
-      return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
-    } else {
-      return run_standard<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+    static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+      } else {
+        return run_standard<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+      }
     }
-  }
+  };
 };
 
 }  // namespace

@@ -37,35 +37,31 @@ struct BatchPrefillPaged {
     return check_shape(a);
   }
 
-  /** The workspace of a call (the same Params and Variant as run's). */
+  /** One instance: its params struct and variant, for the workspace query and the call. */
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag,
             int BACKEND>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+  struct Instance {
     using Params = BatchPrefillPagedParams<DType, DType, DType>;
     using Variant = typename Tag::template type<Params>;
-    return PrefillBackend<BACKEND>::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,
-        dev.sm_count);
-  }
+    using Backend = PrefillBackend<BACKEND>;
 
-  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag,
-            int BACKEND>
-  static int run(const Args& a, const DeviceInfo& dev) {
-    using Params = BatchPrefillPagedParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    Params p;
-    if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_paged")) return st;
-    prefill::fill_q_o(p, a);
-    prefill::fill_paged_kv(p, a);
-    p.qo_indptr = a.qo_indptr;
-    p.q_rope_offset = a.q_rope_offset;
-    p.kv_rope_offset = a.kv_rope_offset;
-    p.batch_size = static_cast<uint32_t>(a.batch_size);
-    p.page_size = static_cast<uint32_t>(a.page_size);
-    return PrefillBackend<BACKEND>::template launch_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
-        p, a.total_q, kv_rows<PAGE_SIZE>(a), a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+          a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,
+          dev.sm_count);
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      Params p;
+      if (int st = prefill::start_params(p, a, "batch_prefill_paged")) return st;
+      prefill::fill_paged_kv(p, a);
+      prefill::fill_packed_batch(p, a);
+      p.page_size = static_cast<uint32_t>(a.page_size);
+      return Backend::template launch_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
+          p, a.total_q, kv_rows<PAGE_SIZE>(a), a.workspace, a.workspace_bytes, dev,
+          static_cast<cudaStream_t>(a.stream));
+    }
+  };
 };
 
 }  // namespace

@@ -31,32 +31,29 @@ struct BatchPrefillRagged {
     return check_shape(a);
   }
 
-  /** The workspace of a call (the same Params and Variant as run's). */
+  /** One instance: its params struct and variant, for the workspace query and the call. */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+  struct Instance {
     using Params = BatchPrefillRaggedParams<DType, DType, DType>;
     using Variant = typename Tag::template type<Params>;
-    return PrefillBackend<BACKEND>::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
+    using Backend = PrefillBackend<BACKEND>;
 
-  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-  static int run(const Args& a, const DeviceInfo& dev) {
-    using Params = BatchPrefillRaggedParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    Params p;
-    if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_ragged")) return st;
-    prefill::fill_q_o(p, a);
-    prefill::fill_contiguous_kv(p, a);
-    p.qo_indptr = a.qo_indptr;
-    p.kv_indptr = a.kv_indptr;
-    p.q_rope_offset = a.q_rope_offset;
-    p.kv_rope_offset = a.kv_rope_offset;
-    p.batch_size = static_cast<uint32_t>(a.batch_size);
-    return PrefillBackend<BACKEND>::template launch_ragged<HEAD_DIM, MASK, POS, Variant>(
-        p, a.total_q, a.total_kv, a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+          a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      Params p;
+      if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
+      prefill::fill_contiguous_kv(p, a);
+      prefill::fill_packed_batch(p, a);
+      p.kv_indptr = a.kv_indptr;
+      return Backend::template launch_ragged<HEAD_DIM, MASK, POS, Variant>(
+          p, a.total_q, a.total_kv, a.workspace, a.workspace_bytes, dev,
+          static_cast<cudaStream_t>(a.stream));
+    }
+  };
 };
 
 }  // namespace

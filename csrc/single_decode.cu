@@ -44,9 +44,11 @@ void make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, const
   plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
 }
 
-/** The fields the decode params and the rope path's prefill params share, from the call. */
+/** The fields the decode params and the rope path's prefill params share, from the call: the
+ *  variant's parameters first. */
 template <typename Params>
-void fill_common(Params& p, const Args& a) {
+int start_params(Params& p, const Args& a) {
+  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
   using DType = typename Params::DTypeO;
   p.q = static_cast<const DType*>(a.q);
   p.k = static_cast<const DType*>(a.k);
@@ -63,6 +65,7 @@ void fill_common(Params& p, const Args& a) {
   p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
   p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.sm_scale = a.sm_scale;
+  return FLASHGEN_OK;
 }
 
 /** The rope_llama path's workspace: the single prefill's, for run_rope's Params and Variant. */
@@ -81,8 +84,7 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   using Params = SinglePrefillParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  fill_common(p, a);
+  if (int st = start_params(p, a)) return st;
   p.q_stride_n = a.num_qo_heads * a.q_stride_h;  // one token: any multiple of 8 will do
   p.o_stride_n = a.num_qo_heads * a.o_stride_h;
   p.qo_len = 1;
@@ -167,8 +169,7 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
   using Variant = typename Tag::template type<Params>;
 
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  fill_common(p, a);
+  if (int st = start_params(p, a)) return st;
   return Impl<BACKEND>::template launch<HEAD_DIM, Variant>(p, a, dev);
 }
 
@@ -208,23 +209,25 @@ struct SingleDecode {
     return FLASHGEN_OK;
   }
 
+  /** One instance: rope_llama through the prefill kernels, the decode kernels otherwise. */
   template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    if constexpr (POS == prefill::kPosRopeLlama) {
-      return rope_workspace<DType, HEAD_DIM, Tag>(a.kv_len, a.num_qo_heads, a.num_kv_heads, dev);
-    } else {
-      return Impl<BACKEND>::template workspace_bytes<HEAD_DIM>(a, dev);
+  struct Instance {
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return rope_workspace<DType, HEAD_DIM, Tag>(a.kv_len, a.num_qo_heads, a.num_kv_heads, dev);
+      } else {
+        return Impl<BACKEND>::template workspace_bytes<HEAD_DIM>(a, dev);
+      }
     }
-  }
 
-  template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
-  static int run(const Args& a, const DeviceInfo& dev) {
-    if constexpr (POS == prefill::kPosRopeLlama) {
-      return run_rope<DType, HEAD_DIM, Tag>(a, dev);
-    } else {
-      return run_standard<DType, HEAD_DIM, Tag, BACKEND>(a, dev);
+    static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return run_rope<DType, HEAD_DIM, Tag>(a, dev);
+      } else {
+        return run_standard<DType, HEAD_DIM, Tag, BACKEND>(a, dev);
+      }
     }
-  }
+  };
 };
 
 }  // namespace

@@ -33,28 +33,28 @@ struct SinglePrefill {
     return check_shape(a);
   }
 
-  /** The workspace of a call (the same Params and Variant as run's). */
+  /** One instance: its params struct and variant, for the workspace query and the call. */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+  struct Instance {
     using Params = SinglePrefillParams<DType, DType, DType>;
     using Variant = typename Tag::template type<Params>;
-    return PrefillBackend<BACKEND>::template single_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
+    using Backend = PrefillBackend<BACKEND>;
 
-  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-  static int run(const Args& a, const DeviceInfo& dev) {
-    using Params = SinglePrefillParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    Params p;
-    if (int st = copy_additional_params(&p, a.additional_params, "single_prefill")) return st;
-    prefill::fill_q_o(p, a);
-    prefill::fill_contiguous_kv(p, a);
-    p.qo_len = static_cast<uint32_t>(a.qo_len);
-    p.kv_len = static_cast<uint32_t>(a.kv_len);
-    return PrefillBackend<BACKEND>::template launch_single<HEAD_DIM, MASK, POS, Variant>(
-        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
-  }
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      return Backend::template single_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+          a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      Params p;
+      if (int st = prefill::start_params(p, a, "single_prefill")) return st;
+      prefill::fill_contiguous_kv(p, a);
+      p.qo_len = static_cast<uint32_t>(a.qo_len);
+      p.kv_len = static_cast<uint32_t>(a.kv_len);
+      return Backend::template launch_single<HEAD_DIM, MASK, POS, Variant>(
+          p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+    }
+  };
 };
 
 }  // namespace

@@ -11,12 +11,14 @@
  * struct (in an anonymous namespace) with
  *   static int check_shape(const Args&);   the shape checks of both entry points
  *   static int check_call(const Args&);    all checks of the call (pointers, check_shape, ...)
- *   template <axis values...> static int64_t workspace_bytes(const Args&, const DeviceInfo&);
- *   template <axis values...> static int run(const Args&, const DeviceInfo&);
+ *   template <axis values...> struct Instance {   one instance's params struct and variant
+ *     static int64_t workspace_bytes(const Args&, const DeviceInfo&);
+ *     static int run(const Args&, const DeviceInfo&);
+ *   };
  * and expands, once,
  *   FLASHGEN_DEFINE_ENTRY_POINTS(<module>, <struct>, FG_<axis>, ...)
- * naming the FG_<axis> values of the generated FLASHGEN_DISPATCH_ARGS in the order its templates
- * take them. Both entry points dispatch the same way, so the workspace a call asks for is the one
+ * naming the FG_<axis> values of the generated FLASHGEN_DISPATCH_ARGS in the order Instance
+ * takes them. Both entry points dispatch the same way, so the workspace a call asks for is the one
  * of the instance that runs. Compile-time values come only through the generated dispatch, so a
  * module builds in the one-instance and in the dispatching form of <flashgen_instance.cuh>.
  */
@@ -42,7 +44,7 @@
     ::flashgen::DeviceInfo dev;                                                               \
     if (int st = ::flashgen::current_device(&dev)) return st;                                 \
     const bool hit = FLASHGEN_DISPATCH_ARGS(                                                  \
-        a, { *bytes = Entry::workspace_bytes<__VA_ARGS__>(a, dev); });               \
+        a, { *bytes = Entry::Instance<__VA_ARGS__>::workspace_bytes(a, dev); });     \
     return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);                                  \
   }                                                                                           \
                                                                                               \
@@ -56,7 +58,7 @@
     if (int st = ::flashgen::current_device(&dev)) return st;                                 \
     int status = FLASHGEN_OK;                                                                 \
     const bool hit =                                                                          \
-        FLASHGEN_DISPATCH_ARGS(a, { status = Entry::run<__VA_ARGS__>(a, dev); });    \
+        FLASHGEN_DISPATCH_ARGS(a, { status = Entry::Instance<__VA_ARGS__>::run(a, dev); }); \
     return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);                                       \
   }                                                                                           \
                                                                                               \

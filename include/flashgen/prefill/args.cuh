@@ -1,21 +1,24 @@
 /**
  * @brief Filling a prefill params struct from its module's generated arguments struct: the fields
- * every prefill module declares under the same name (q and o with their strides, heads, scale,
- * RoPE), the contiguous K/V of single and ragged prefill, and the paged cache that batch prefill
- * and batch decode share. Each entry point adds its own.
- * Also the shape checks the prefill modules share.
+ * every prefill module declares under the same name (the variant's parameters, q and o with their
+ * strides, heads, scale, RoPE), the contiguous K/V of single and ragged prefill, the token-packed
+ * batch of ragged and paged prefill, and the paged cache that batch prefill and batch decode
+ * share. Each entry point adds its own. Also the shape checks the prefill modules share.
  */
 #pragma once
 
 #include <cstdint>
 
+#include "flashgen/launch.cuh"
 #include "flashgen/status.cuh"
 
 namespace flashgen {
 namespace prefill {
 
+/** The variant's parameters (copied from the call's), then q, o, heads, scale and RoPE. */
 template <typename Params, typename Args>
-void fill_q_o(Params& p, const Args& a) {
+int start_params(Params& p, const Args& a, const char* module) {
+  if (int st = copy_additional_params(&p, a.additional_params, module)) return st;
   p.q = static_cast<const typename Params::DTypeQ*>(a.q);
   p.o = static_cast<typename Params::DTypeO*>(a.o);
   p.lse = a.lse;
@@ -28,6 +31,16 @@ void fill_q_o(Params& p, const Args& a) {
   p.sm_scale = a.sm_scale;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
+  return FLASHGEN_OK;
+}
+
+/** A token-packed batch (ragged and paged): q's indptr, the RoPE offsets, the batch size. */
+template <typename Params, typename Args>
+void fill_packed_batch(Params& p, const Args& a) {
+  p.qo_indptr = a.qo_indptr;
+  p.q_rope_offset = a.q_rope_offset;
+  p.kv_rope_offset = a.kv_rope_offset;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
 }
 
 template <typename Params, typename Args>
