@@ -1,27 +1,19 @@
 /**
  * @brief batch_decode: the C entry points of decode over a paged KV cache (int32 CSR pages).
  *
- * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
- * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
- *
  * With pos_encoding=rope_llama the call is a prefill of one query per request through the
  * prefill kernels (qo_indptr = 0..batch, written into the workspace by a small kernel), so decode
  * and prefill of a RoPE model agree by construction.
  */
 #include <flashgen_instance.cuh>
 
-#include <cstdio>
-
-#include "flashgen/abi.h"
 #include "flashgen/decode/kernel.cuh"
-#include "flashgen/decode/traits.cuh"
-#include "flashgen/launch.cuh"
 #include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/traits.cuh"
+#include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
-#include "flashgen/status.cuh"
-
-FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
 // Kernels stay out of the anonymous namespace below: nvcc names an anonymous namespace after a
 // hash of the source file's real path, and a kernel's name is in the .so (its cubin and its
@@ -63,21 +55,22 @@ void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
       decode::workspace_bytes(plan->splits, batch_size * num_qo_heads, HEAD_DIM);
 }
 
-int check_shape(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads) {
-  if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: num_qo_heads (%lld) must be a positive multiple of "
-                "num_kv_heads (%lld)",
-                static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
-  }
-  if (batch_size <= 0 || batch_size > 65535) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: batch_size %lld out of range [1, 65535]",
-                static_cast<long long>(batch_size));
-  }
-  if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: too many heads (%lld kv, %lld qo)",
-                static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
-  }
+/** The fields the decode params and the rope path's prefill params share, from the call: the
+ *  variant's parameters first. */
+template <typename Params>
+int start_params(Params& p, const Args& a) {
+  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
+  using DType = typename Params::DTypeO;
+  p.q = static_cast<const DType*>(a.q);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  prefill::fill_paged_kv(p, a);
+  p.q_stride_h = a.q_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.batch_size = static_cast<uint32_t>(a.batch_size);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
   return FLASHGEN_OK;
 }
 
@@ -108,89 +101,48 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
                 a.workspace);
   }
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
+  if (int st = start_params(p, a)) return st;
   auto* indptr = static_cast<int32_t*>(a.workspace);
-  p.q = static_cast<const DType*>(a.q);
-  p.paged_kv = static_cast<const DType*>(a.paged_kv);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
   p.qo_indptr = indptr;
-  p.kv_indptr = a.kv_indptr;
-  p.kv_indices = a.kv_indices;
-  p.kv_last_page_len = a.kv_last_page_len;
   p.q_rope_offset = nullptr;
   p.kv_rope_offset = nullptr;
   p.q_stride_n = a.q_stride_b;
-  p.q_stride_h = a.q_stride_h;
-  p.kv_stride_page = a.kv_stride_page;
-  p.kv_stride_kv = a.kv_stride_kv;
-  p.kv_stride_n = a.kv_stride_n;
-  p.kv_stride_h = a.kv_stride_h;
   p.o_stride_n = a.o_stride_b;
-  p.o_stride_h = a.o_stride_h;
-  p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.page_size = static_cast<uint32_t>(a.page_size);
-  p.sm_scale = a.sm_scale;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
   const auto stream = static_cast<cudaStream_t>(a.stream);
   const uint32_t n = static_cast<uint32_t>(a.batch_size + 1);
-  if (int st = launch("batch_decode qo_indptr kernel", decode::one_query_each, dim3((n + 255) / 256), 256,
-                      0, stream, false, indptr, n)) {
+  if (int st = launch("batch_decode qo_indptr kernel", decode::one_query_each,
+                      dim3((n + 255) / 256), 256, 0, stream, false, indptr, n)) {
     return st;
   }
   return prefill::launch_batch_prefill_paged<HEAD_DIM, PAGE_SIZE, prefill::kMaskNone,
                                              prefill::kPosRopeLlama, Variant>(
-      p, a.batch_size, a.num_page_ids * PAGE_SIZE, static_cast<uint8_t*>(a.workspace) + indptr_bytes,
+      p, a.batch_size, a.num_page_ids * PAGE_SIZE,
+      static_cast<uint8_t*>(a.workspace) + indptr_bytes,
       a.workspace_bytes - indptr_bytes, dev, stream);
 }
 
 template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
-int run(const Args& a, const DeviceInfo& dev) {
+int run_standard(const Args& a, const DeviceInfo& dev) {
   using Params = BatchDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   using Traits = decode::DecodeTraits<HEAD_DIM>;
 
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.paged_kv = static_cast<const DType*>(a.paged_kv);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
-  p.kv_indptr = a.kv_indptr;
-  p.kv_indices = a.kv_indices;
-  p.kv_last_page_len = a.kv_last_page_len;
+  if (int st = start_params(p, a)) return st;
   p.q_stride_b = a.q_stride_b;
-  p.q_stride_h = a.q_stride_h;
-  p.kv_stride_page = a.kv_stride_page;
-  p.kv_stride_kv = a.kv_stride_kv;
-  p.kv_stride_n = a.kv_stride_n;
-  p.kv_stride_h = a.kv_stride_h;
   p.o_stride_b = a.o_stride_b;
-  p.o_stride_h = a.o_stride_h;
-  p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.page_size = PAGE_SIZE;
-  p.sm_scale = a.sm_scale;
 
   Plan plan;
   make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
-  float* part_o = nullptr;
-  float* part_w = nullptr;
   const int64_t rows = a.batch_size * a.num_qo_heads;
-  if (plan.workspace > 0) {
-    if (a.workspace == nullptr || a.workspace_bytes < plan.workspace || !aligned16(a.workspace)) {
-      return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
-                  "batch_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p "
-                  "(ask flashgen_batch_decode_workspace_size on the same device)",
-                  static_cast<long long>(plan.workspace),
-                  static_cast<long long>(a.workspace_bytes), a.workspace);
-    }
-    part_o = static_cast<float*>(a.workspace);
-    part_w = part_o + plan.splits * rows * HEAD_DIM;
+  float *part_o, *part_w;
+  if (int st = decode::carve_workspace("batch_decode", a.workspace, a.workspace_bytes,
+                                       plan.splits, rows, HEAD_DIM, &part_o, &part_w)) {
+    return st;
   }
 
   auto kernel = decode::batch_decode_kernel<Traits, PAGE_SIZE, Variant, Params>;
@@ -215,62 +167,73 @@ int run(const Args& a, const DeviceInfo& dev) {
   return FLASHGEN_OK;
 }
 
+struct BatchDecode {
+  static int check_shape(const Args& a) {
+    const int64_t batch_size = a.batch_size, num_qo_heads = a.num_qo_heads;
+    const int64_t num_kv_heads = a.num_kv_heads;
+    if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: num_qo_heads (%lld) must be a positive multiple of "
+                  "num_kv_heads (%lld)",
+                  static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
+    }
+    if (batch_size <= 0 || batch_size > 65535) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: batch_size %lld out of range [1, 65535]",
+                  static_cast<long long>(batch_size));
+    }
+    if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: too many heads (%lld kv, %lld qo)",
+                  static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
+    }
+    return FLASHGEN_OK;
+  }
+
+  static int check_call(const Args& a) {
+    if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
+        a.kv_indices == nullptr || a.kv_last_page_len == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
+                  "not be NULL");
+    }
+    if (int st = check_shape(a)) return st;
+    if (!aligned16(a.paged_kv) || !vec_stride(a.kv_stride_page) || !vec_stride(a.kv_stride_kv) ||
+        !vec_stride(a.kv_stride_n) || !vec_stride(a.kv_stride_h)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
+                  "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
+                  a.paged_kv, static_cast<long long>(a.kv_stride_page),
+                  static_cast<long long>(a.kv_stride_kv), static_cast<long long>(a.kv_stride_n),
+                  static_cast<long long>(a.kv_stride_h));
+    }
+    return FLASHGEN_OK;
+  }
+
+  /** One instance: rope_llama through the prefill kernels, the decode kernels otherwise. */
+  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
+  struct Instance {
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        int64_t indptr_bytes = 0;
+        return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
+      } else {
+        Plan plan;
+        make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
+        return plan.workspace;
+      }
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+      } else {
+        return run_standard<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+      }
+    }
+  };
+};
+
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_batch_decode_workspace_size(const Args* args,
-                                                                 int64_t* bytes) {
-  if (args == nullptr || bytes == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode_workspace_size: args or bytes is NULL");
-  }
-  const int64_t batch_size = args->batch_size, num_qo_heads = args->num_qo_heads;
-  const int64_t num_kv_heads = args->num_kv_heads;
-  if (int st = check_shape(batch_size, num_qo_heads, num_kv_heads)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      int64_t indptr_bytes = 0;
-      *bytes = rope_workspace<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(*args, dev,
-                                                                            &indptr_bytes);
-    } else {
-      Plan plan;
-      make_plan<FG_head_dim>(batch_size, num_qo_heads, num_kv_heads, dev, &plan);
-      *bytes = plan.workspace;
-    }
-  });
-  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
-}
-
-extern "C" FLASHGEN_API int flashgen_batch_decode(const Args* args) {
-  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_decode: args is NULL");
-  const Args& a = *args;
-  if (a.q == nullptr || a.paged_kv == nullptr || a.o == nullptr || a.kv_indptr == nullptr ||
-      a.kv_indices == nullptr || a.kv_last_page_len == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: q, paged_kv, o, kv_indptr, kv_indices and kv_last_page_len must "
-                "not be NULL");
-  }
-  if (int st = check_shape(a.batch_size, a.num_qo_heads, a.num_kv_heads)) return st;
-  if (!aligned16(a.paged_kv) || !vec_stride(a.kv_stride_page) || !vec_stride(a.kv_stride_kv) ||
-      !vec_stride(a.kv_stride_n) || !vec_stride(a.kv_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: paged_kv must be 16-byte aligned with strides that are multiples "
-                "of 8 elements (%p; strides page %lld, kv %lld, n %lld, h %lld)",
-                a.paged_kv, static_cast<long long>(a.kv_stride_page),
-                static_cast<long long>(a.kv_stride_kv), static_cast<long long>(a.kv_stride_n),
-                static_cast<long long>(a.kv_stride_h));
-  }
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      status = run_rope<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
-    } else {
-      status = run<FG_dtype, FG_head_dim, FG_page_size, FG_variant>(a, dev);
-    }
-  });
-  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
+FLASHGEN_DEFINE_ENTRY_POINTS(batch_decode, BatchDecode, FG_dtype, FG_head_dim, FG_page_size,
+                             FG_pos_encoding, FG_variant)

@@ -3,25 +3,13 @@
  * along tokens (int32 qo_indptr / kv_indptr on the device), over the kernels of
  * include/flashgen/prefill/. Lengths are read on the device only, so a captured call replays
  * with new lengths.
- *
- * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
- * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
  */
 #include <flashgen_instance.cuh>
 
-#include <cstdio>
-
-#include "flashgen/abi.h"
-#include "flashgen/launch.cuh"
+#include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
-#include "flashgen/prefill/launch.cuh"
-#include "flashgen/status.cuh"
-#if FLASHGEN_BACKEND_sm90
-#include "flashgen/hopper/launch.cuh"
-#endif
-
-FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+#include "flashgen/prefill/backends.cuh"
 
 namespace {
 
@@ -29,123 +17,46 @@ using namespace flashgen;
 
 using Args = FLASHGEN_ARGS;  // generated from variants.json modules.batch_prefill_ragged.args
 
-int check_shape(const Args& a) {
-  if (a.batch_size < 1 || a.batch_size > 65535 || a.total_q < 0 || a.total_q > (int64_t{1} << 30)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_prefill_ragged: batch_size %lld must be in [1, 65535] and total_q %lld in [0, 2^30]",
-                static_cast<long long>(a.batch_size), static_cast<long long>(a.total_q));
+struct BatchPrefillRagged {
+  static int check_shape(const Args& a) {
+    if (int st = prefill::check_shape_batch(a, "batch_prefill_ragged")) return st;
+    return prefill::check_shape_heads(a, "batch_prefill_ragged");
   }
-  if (a.num_qo_heads <= 0 || a.num_kv_heads <= 0 || a.num_kv_heads > 65535 ||
-      a.num_qo_heads % a.num_kv_heads != 0) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_prefill_ragged: num_qo_heads (%lld) must be a positive multiple of num_kv_heads "
-                "(%lld, at most 65535)",
-                static_cast<long long>(a.num_qo_heads), static_cast<long long>(a.num_kv_heads));
-  }
-  return FLASHGEN_OK;
-}
 
-/** Rows of keys the RoPE pre-pass may rotate: k's rows, or every slot of the listed pages. */
-int64_t kv_rows(const Args& a, int64_t page_size) {
-  (void)page_size;
-  return a.total_kv;
-}
-
-/**
- * The implementation behind each value of the backend axis (variants.json): the Hopper one
- * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
- * portable instance never names Hopper code. A specialization, not `if constexpr` in the
- * dispatch body: that body is no template, and a discarded branch there is still compiled.
- */
-template <int BACKEND>
-struct Impl;
-
-template <>
-struct Impl<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+  static int check_call(const Args& a) {
+    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_prefill_ragged: q, k, v and o must not be NULL");
+    }
+    return check_shape(a);
   }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return prefill::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(
-        p, a.total_q, kv_rows(a, 1), a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
+
+  /** One instance: its params struct and variant, for the workspace query and the call. */
+  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
+  struct Instance {
+    using Params = BatchPrefillRaggedParams<DType, DType, DType>;
+    using Variant = typename Tag::template type<Params>;
+    using Backend = PrefillBackend<BACKEND>;
+
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+          a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      Params p;
+      if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
+      prefill::fill_contiguous_kv(p, a);
+      prefill::fill_packed_batch(p, a);
+      p.kv_indptr = a.kv_indptr;
+      return Backend::template launch_ragged<HEAD_DIM, MASK, POS, Variant>(
+          p, a.total_q, a.total_kv, a.workspace, a.workspace_bytes, dev,
+          static_cast<cudaStream_t>(a.stream));
+    }
+  };
 };
-
-#if FLASHGEN_BACKEND_sm90
-template <>
-struct Impl<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return hopper::batch_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.total_q, kv_rows(a, 1), a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return hopper::launch_batch_prefill_ragged<HEAD_DIM, MASK, POS, Variant>(
-        p, a.total_q, kv_rows(a, 1), a.workspace, a.workspace_bytes, dev,
-        static_cast<cudaStream_t>(a.stream));
-  }
-};
-#endif
-
-/** The workspace a call of this instance needs (the same Params and Variant as run's). */
-template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
-int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-  using Params = BatchPrefillRaggedParams<DType, DType, DType>;
-  using Variant = typename Tag::template type<Params>;
-  return Impl<BACKEND>::template workspace_bytes<HEAD_DIM, POS, Variant, Params>(a, dev);
-}
-
-template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-int run(const Args& a, const DeviceInfo& dev) {
-  using Params = BatchPrefillRaggedParams<DType, DType, DType>;
-  using Variant = typename Tag::template type<Params>;
-  Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_prefill_ragged")) return st;
-  prefill::fill_q_o(p, a);
-  prefill::fill_contiguous_kv(p, a);
-  p.qo_indptr = a.qo_indptr;
-  p.kv_indptr = a.kv_indptr;
-  p.q_rope_offset = a.q_rope_offset;
-  p.kv_rope_offset = a.kv_rope_offset;
-  p.batch_size = static_cast<uint32_t>(a.batch_size);
-  return Impl<BACKEND>::template launch<HEAD_DIM, MASK, POS, Variant>(p, a, dev);
-}
 
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_batch_prefill_ragged_workspace_size(const Args* args,
-                                                                   int64_t* bytes) {
-  if (args == nullptr || bytes == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_ragged_workspace_size: args or bytes is NULL");
-  }
-  const Args& a = *args;
-  if (int st = check_shape(a)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes =
-        workspace_bytes<FG_dtype, FG_head_dim, FG_pos_encoding, FG_variant, FG_backend>(a, dev);
-  });
-  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-extern "C" FLASHGEN_API int flashgen_batch_prefill_ragged(const Args* args) {
-  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_ragged: args is NULL");
-  const Args& a = *args;
-  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "batch_prefill_ragged: q, k, v and o must not be NULL");
-  }
-  if (int st = check_shape(a)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding, FG_variant, FG_backend>(a, dev); });
-  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
+FLASHGEN_DEFINE_ENTRY_POINTS(batch_prefill_ragged, BatchPrefillRagged, FG_dtype, FG_head_dim,
+                             FG_mask, FG_pos_encoding, FG_variant, FG_backend)

@@ -1,9 +1,6 @@
 /**
  * @brief single_decode: the C entry points of one request's decode (split-KV over kv_len).
  *
- * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
- * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
- *
  * With pos_encoding=rope_llama the call is a one-query prefill (include/flashgen/prefill/): the
  * same kernels, positions and RoPE as single_prefill, so a decode step and a prefill of a RoPE
  * model agree by construction (on both backends: the sm90 backend takes the portable path there).
@@ -14,21 +11,15 @@
  */
 #include <flashgen_instance.cuh>
 
-#include <cstdio>
-
-#include "flashgen/abi.h"
 #include "flashgen/decode/kernel.cuh"
-#include "flashgen/decode/traits.cuh"
-#include "flashgen/launch.cuh"
 #include "flashgen/decode/merge.cuh"
+#include "flashgen/decode/traits.cuh"
+#include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/launch.cuh"
-#include "flashgen/status.cuh"
 #if FLASHGEN_BACKEND_sm90
 #include "flashgen/hopper/decode.cuh"
 #endif
-
-FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
 
 namespace {
 
@@ -53,21 +44,27 @@ void make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, const
   plan->workspace = decode::workspace_bytes(plan->splits, num_qo_heads, HEAD_DIM);
 }
 
-int check_shape(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len) {
-  if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "single_decode: num_qo_heads (%lld) must be a positive multiple of "
-                "num_kv_heads (%lld)",
-                static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
-  }
-  if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: too many heads (%lld kv, %lld qo)",
-                static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
-  }
-  if (kv_len <= 0 || kv_len > (int64_t{1} << 30)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: kv_len %lld out of range [1, 2^30]",
-                static_cast<long long>(kv_len));
-  }
+/** The fields the decode params and the rope path's prefill params share, from the call: the
+ *  variant's parameters first. */
+template <typename Params>
+int start_params(Params& p, const Args& a) {
+  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
+  using DType = typename Params::DTypeO;
+  p.q = static_cast<const DType*>(a.q);
+  p.k = static_cast<const DType*>(a.k);
+  p.v = static_cast<const DType*>(a.v);
+  p.o = static_cast<DType*>(a.o);
+  p.lse = a.lse;
+  p.q_stride_h = a.q_stride_h;
+  p.k_stride_n = a.k_stride_n;
+  p.k_stride_h = a.k_stride_h;
+  p.v_stride_n = a.v_stride_n;
+  p.v_stride_h = a.v_stride_h;
+  p.o_stride_h = a.o_stride_h;
+  p.kv_len = static_cast<uint32_t>(a.kv_len);
+  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
+  p.sm_scale = a.sm_scale;
   return FLASHGEN_OK;
 }
 
@@ -87,25 +84,10 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
   using Params = SinglePrefillParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
+  if (int st = start_params(p, a)) return st;
   p.q_stride_n = a.num_qo_heads * a.q_stride_h;  // one token: any multiple of 8 will do
-  p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
   p.o_stride_n = a.num_qo_heads * a.o_stride_h;
-  p.o_stride_h = a.o_stride_h;
   p.qo_len = 1;
-  p.kv_len = static_cast<uint32_t>(a.kv_len);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.sm_scale = a.sm_scale;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
   return prefill::launch_single_prefill<HEAD_DIM, prefill::kMaskNone, prefill::kPosRopeLlama,
@@ -114,8 +96,8 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
 }
 
 /**
- * The implementation behind each value of the backend axis, as in single_prefill.cu: the Hopper
- * one exists only in binaries built for sm_90a alone.
+ * The implementation behind each value of the backend axis (as PrefillBackend for the prefill
+ * modules): the Hopper one exists only in binaries built for sm_90a alone.
  */
 template <int BACKEND>
 struct Impl;
@@ -134,19 +116,11 @@ struct Impl<FLASHGEN_CODE_backend_portable> {
     using DType = typename Params::DTypeO;
     Plan plan;
     make_plan<HEAD_DIM>(a.num_qo_heads, a.num_kv_heads, a.kv_len, dev, &plan);
-    float* part_o = nullptr;
-    float* part_w = nullptr;
-    if (plan.workspace > 0) {
-      if (a.workspace == nullptr || a.workspace_bytes < plan.workspace ||
-          !aligned16(a.workspace)) {
-        return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
-                    "single_decode: needs a 16-byte aligned workspace of %lld bytes, got %lld at "
-                    "%p (ask flashgen_single_decode_workspace_size on the same device)",
-                    static_cast<long long>(plan.workspace),
-                    static_cast<long long>(a.workspace_bytes), a.workspace);
-      }
-      part_o = static_cast<float*>(a.workspace);
-      part_w = part_o + plan.splits * a.num_qo_heads * HEAD_DIM;
+    float *part_o, *part_w;
+    if (int st = decode::carve_workspace("single_decode", a.workspace, a.workspace_bytes,
+                                         plan.splits, a.num_qo_heads, HEAD_DIM, &part_o,
+                                         &part_w)) {
+      return st;
     }
 
     auto kernel = decode::single_decode_kernel<Traits, Variant, Params>;
@@ -190,79 +164,73 @@ struct Impl<FLASHGEN_CODE_backend_sm90> {
 #endif
 
 template <typename DType, int HEAD_DIM, typename Tag, int BACKEND>
-int run(const Args& a, const DeviceInfo& dev) {
+int run_standard(const Args& a, const DeviceInfo& dev) {
   using Params = SingleDecodeParams<DType, DType, DType>;
   using Variant = typename Tag::template type<Params>;
 
   Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
-  p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
-  p.o_stride_h = a.o_stride_h;
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.kv_len = static_cast<uint32_t>(a.kv_len);
-  p.sm_scale = a.sm_scale;
+  if (int st = start_params(p, a)) return st;
   return Impl<BACKEND>::template launch<HEAD_DIM, Variant>(p, a, dev);
 }
 
+struct SingleDecode {
+  static int check_shape(const Args& a) {
+    const int64_t num_qo_heads = a.num_qo_heads, num_kv_heads = a.num_kv_heads, kv_len = a.kv_len;
+    if (num_qo_heads <= 0 || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "single_decode: num_qo_heads (%lld) must be a positive multiple of "
+                  "num_kv_heads (%lld)",
+                  static_cast<long long>(num_qo_heads), static_cast<long long>(num_kv_heads));
+    }
+    if (num_kv_heads > 65535 || num_qo_heads > (int64_t{1} << 24)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: too many heads (%lld kv, %lld qo)",
+                  static_cast<long long>(num_kv_heads), static_cast<long long>(num_qo_heads));
+    }
+    if (kv_len <= 0 || kv_len > (int64_t{1} << 30)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: kv_len %lld out of range [1, 2^30]",
+                  static_cast<long long>(kv_len));
+    }
+    return FLASHGEN_OK;
+  }
+
+  static int check_call(const Args& a) {
+    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: q, k, v and o must not be NULL");
+    }
+    if (int st = check_shape(a)) return st;
+    if (!aligned16(a.k) || !aligned16(a.v) || !vec_stride(a.k_stride_n) ||
+        !vec_stride(a.k_stride_h) || !vec_stride(a.v_stride_n) || !vec_stride(a.v_stride_h)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "single_decode: k and v must be 16-byte aligned with strides that are "
+                  "multiples of 8 elements (k %p strides %lld,%lld; v %p strides %lld,%lld)",
+                  a.k, static_cast<long long>(a.k_stride_n), static_cast<long long>(a.k_stride_h),
+                  a.v, static_cast<long long>(a.v_stride_n), static_cast<long long>(a.v_stride_h));
+    }
+    return FLASHGEN_OK;
+  }
+
+  /** One instance: rope_llama through the prefill kernels, the decode kernels otherwise. */
+  template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
+  struct Instance {
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return rope_workspace<DType, HEAD_DIM, Tag>(a.kv_len, a.num_qo_heads, a.num_kv_heads, dev);
+      } else {
+        return Impl<BACKEND>::template workspace_bytes<HEAD_DIM>(a, dev);
+      }
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        return run_rope<DType, HEAD_DIM, Tag>(a, dev);
+      } else {
+        return run_standard<DType, HEAD_DIM, Tag, BACKEND>(a, dev);
+      }
+    }
+  };
+};
+
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_single_decode_workspace_size(const Args* args,
-                                                                  int64_t* bytes) {
-  if (args == nullptr || bytes == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode_workspace_size: args or bytes is NULL");
-  }
-  const int64_t num_qo_heads = args->num_qo_heads, num_kv_heads = args->num_kv_heads;
-  const int64_t kv_len = args->kv_len;
-  if (int st = check_shape(num_qo_heads, num_kv_heads, kv_len)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(*args, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      *bytes = rope_workspace<FG_dtype, FG_head_dim, FG_variant>(kv_len, num_qo_heads,
-                                                                 num_kv_heads, dev);
-    } else {
-      *bytes = Impl<FG_backend>::template workspace_bytes<FG_head_dim>(*args, dev);
-    }
-  });
-  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(*args);
-}
-
-extern "C" FLASHGEN_API int flashgen_single_decode(const Args* args) {
-  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: args is NULL");
-  const Args& a = *args;
-  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: q, k, v and o must not be NULL");
-  }
-  if (int st = check_shape(a.num_qo_heads, a.num_kv_heads, a.kv_len)) return st;
-  if (!aligned16(a.k) || !aligned16(a.v) || !vec_stride(a.k_stride_n) ||
-      !vec_stride(a.k_stride_h) || !vec_stride(a.v_stride_n) || !vec_stride(a.v_stride_h)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "single_decode: k and v must be 16-byte aligned with strides that are multiples "
-                "of 8 elements (k %p strides %lld,%lld; v %p strides %lld,%lld)",
-                a.k, static_cast<long long>(a.k_stride_n), static_cast<long long>(a.k_stride_h),
-                a.v, static_cast<long long>(a.v_stride_n), static_cast<long long>(a.v_stride_h));
-  }
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    if constexpr (FG_pos_encoding == prefill::kPosRopeLlama) {
-      status = run_rope<FG_dtype, FG_head_dim, FG_variant>(a, dev);
-    } else {
-      status = run<FG_dtype, FG_head_dim, FG_variant, FG_backend>(a, dev);
-    }
-  });
-  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
+FLASHGEN_DEFINE_ENTRY_POINTS(single_decode, SingleDecode, FG_dtype, FG_head_dim, FG_pos_encoding,
+                             FG_variant, FG_backend)

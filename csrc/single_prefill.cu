@@ -1,25 +1,13 @@
 /**
  * @brief single_prefill: the C entry points of one request's prefill (qo_len queries over kv_len
  * keys), over the kernels of include/flashgen/prefill/.
- *
- * Compile-time values come only through the generated DISPATCH_* macros, so this file builds
- * in the one-instance form and in the dispatching form of <flashgen_instance.cuh>.
  */
 #include <flashgen_instance.cuh>
 
-#include <cstdio>
-
-#include "flashgen/abi.h"
-#include "flashgen/launch.cuh"
+#include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
-#include "flashgen/prefill/launch.cuh"
-#include "flashgen/status.cuh"
-#if FLASHGEN_BACKEND_sm90
-#include "flashgen/hopper/launch.cuh"
-#endif
-
-FLASHGEN_DEFINE_COMMON_ENTRY_POINTS()
+#include "flashgen/prefill/backends.cuh"
 
 namespace {
 
@@ -27,113 +15,49 @@ using namespace flashgen;
 
 using Args = FLASHGEN_ARGS;  // generated from variants.json modules.single_prefill.args
 
-int check_shape(const Args& a) {
-  if (a.qo_len < 0 || a.qo_len > (int64_t{1} << 30) || a.kv_len < 0 ||
-      a.kv_len > (int64_t{1} << 30)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "single_prefill: qo_len %lld and kv_len %lld must be in [0, 2^30]",
-                static_cast<long long>(a.qo_len), static_cast<long long>(a.kv_len));
+struct SinglePrefill {
+  static int check_shape(const Args& a) {
+    if (a.qo_len < 0 || a.qo_len > (int64_t{1} << 30) || a.kv_len < 0 ||
+        a.kv_len > (int64_t{1} << 30)) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "single_prefill: qo_len %lld and kv_len %lld must be in [0, 2^30]",
+                  static_cast<long long>(a.qo_len), static_cast<long long>(a.kv_len));
+    }
+    return prefill::check_shape_heads(a, "single_prefill");
   }
-  if (a.num_qo_heads <= 0 || a.num_kv_heads <= 0 || a.num_kv_heads > 65535 ||
-      a.num_qo_heads % a.num_kv_heads != 0) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "single_prefill: num_qo_heads (%lld) must be a positive multiple of num_kv_heads "
-                "(%lld, at most 65535)",
-                static_cast<long long>(a.num_qo_heads), static_cast<long long>(a.num_kv_heads));
-  }
-  return FLASHGEN_OK;
-}
 
-/**
- * The implementation behind each value of the backend axis (variants.json): the Hopper one
- * exists only in binaries the generated header says hold it (built for sm_90a alone), so a
- * portable instance never names Hopper code. A specialization, not `if constexpr` in the
- * dispatch body: that body is no template, and a discarded branch there is still compiled.
- */
-template <int BACKEND>
-struct Impl;
+  static int check_call(const Args& a) {
+    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
+      return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: q, k, v and o must not be NULL");
+    }
+    return check_shape(a);
+  }
 
-template <>
-struct Impl<FLASHGEN_CODE_backend_portable> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return prefill::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return prefill::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
-        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
-  }
+  /** One instance: its params struct and variant, for the workspace query and the call. */
+  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
+  struct Instance {
+    using Params = SinglePrefillParams<DType, DType, DType>;
+    using Variant = typename Tag::template type<Params>;
+    using Backend = PrefillBackend<BACKEND>;
+
+    static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
+      return Backend::template single_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+          a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+    }
+
+    static int run(const Args& a, const DeviceInfo& dev) {
+      Params p;
+      if (int st = prefill::start_params(p, a, "single_prefill")) return st;
+      prefill::fill_contiguous_kv(p, a);
+      p.qo_len = static_cast<uint32_t>(a.qo_len);
+      p.kv_len = static_cast<uint32_t>(a.kv_len);
+      return Backend::template launch_single<HEAD_DIM, MASK, POS, Variant>(
+          p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
+    }
+  };
 };
-
-#if FLASHGEN_BACKEND_sm90
-template <>
-struct Impl<FLASHGEN_CODE_backend_sm90> {
-  template <int HEAD_DIM, int POS, typename Variant, typename Params>
-  static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-    return hopper::single_prefill_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
-        a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-  }
-  template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-  static int launch(const Params& p, const Args& a, const DeviceInfo& dev) {
-    return hopper::launch_single_prefill<HEAD_DIM, MASK, POS, Variant>(
-        p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
-  }
-};
-#endif
-
-/** The workspace a call of this instance needs (the same Params and Variant as run's). */
-template <typename DType, int HEAD_DIM, int POS, typename Tag, int BACKEND>
-int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-  using Params = SinglePrefillParams<DType, DType, DType>;
-  using Variant = typename Tag::template type<Params>;
-  return Impl<BACKEND>::template workspace_bytes<HEAD_DIM, POS, Variant, Params>(a, dev);
-}
-
-template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
-int run(const Args& a, const DeviceInfo& dev) {
-  using Params = SinglePrefillParams<DType, DType, DType>;
-  using Variant = typename Tag::template type<Params>;
-  Params p;
-  if (int st = copy_additional_params(&p, a.additional_params, "single_prefill")) return st;
-  prefill::fill_q_o(p, a);
-  prefill::fill_contiguous_kv(p, a);
-  p.qo_len = static_cast<uint32_t>(a.qo_len);
-  p.kv_len = static_cast<uint32_t>(a.kv_len);
-  return Impl<BACKEND>::template launch<HEAD_DIM, MASK, POS, Variant>(p, a, dev);
-}
 
 }  // namespace
 
-extern "C" FLASHGEN_API int flashgen_single_prefill_workspace_size(const Args* args,
-                                                                   int64_t* bytes) {
-  if (args == nullptr || bytes == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill_workspace_size: args or bytes is NULL");
-  }
-  const Args& a = *args;
-  if (int st = check_shape(a)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, {
-    *bytes =
-        workspace_bytes<FG_dtype, FG_head_dim, FG_pos_encoding, FG_variant, FG_backend>(a, dev);
-  });
-  return hit ? FLASHGEN_OK : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-extern "C" FLASHGEN_API int flashgen_single_prefill(const Args* args) {
-  if (args == nullptr) return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: args is NULL");
-  const Args& a = *args;
-  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-    return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: q, k, v and o must not be NULL");
-  }
-  if (int st = check_shape(a)) return st;
-  DeviceInfo dev;
-  if (int st = current_device(&dev)) return st;
-  int status = FLASHGEN_OK;
-  const bool hit = FLASHGEN_DISPATCH_ARGS(a, { status = run<FG_dtype, FG_head_dim, FG_mask, FG_pos_encoding, FG_variant, FG_backend>(a, dev); });
-  return hit ? status : FLASHGEN_FAIL_NO_INSTANCE(a);
-}
-
-FLASHGEN_DEFINE_QUERY_ENTRY_POINT()
+FLASHGEN_DEFINE_ENTRY_POINTS(single_prefill, SinglePrefill, FG_dtype, FG_head_dim, FG_mask,
+                             FG_pos_encoding, FG_variant, FG_backend)

@@ -890,8 +890,8 @@ fn real_describe() -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// The data members of every `struct ...Params : AdditionalParams` in params.cuh (a variant
-/// reads them as `params.<name>`, as it reads its own parameters).
+/// The data members of every params struct in params.cuh (`struct ... : AdditionalParams` or
+/// `: ParamsBase<...>`; a variant reads them as `params.<name>`, as it reads its own parameters).
 fn params_struct_members() -> Vec<String> {
     let text = std::fs::read_to_string(repo().join("include/flashgen/params.cuh")).unwrap();
     let mut out = Vec::new();
@@ -899,9 +899,14 @@ fn params_struct_members() -> Vec<String> {
     let mut depth = 0usize;
     for line in text.lines() {
         let code = line.split("//").next().unwrap().trim();
-        if code.starts_with("struct ") && code.contains(": AdditionalParams") {
+        if code.starts_with("struct ")
+            && (code.contains(": AdditionalParams") || code.contains(": ParamsBase<"))
+        {
             depth = 1;
             continue;
+        }
+        if depth == 0 {
+            continue; // outside the params structs (free functions' bodies)
         }
         let at = depth;
         depth = (depth + code.matches('{').count()).saturating_sub(code.matches('}').count());

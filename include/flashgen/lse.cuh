@@ -5,8 +5,8 @@
  * weight. For softmax variants the weight is the base-2 log-sum-exp of the logits it saw; for
  * the others (sigmoid and user variants without softmax) it is the plain sum of its weights.
  * Merging partials, normalizing the merged value and turning a weight into the natural-log LSE
- * that callers read are written here once. Before this header the decode kernel, the decode
- * merge, the prefill merge and the sm90 decode's two combines each spelled the rules out.
+ * that callers read are written here once, for the decode kernel, the decode merge, the prefill
+ * merge and the sm90 decode's two combines.
  */
 #pragma once
 

@@ -1,5 +1,6 @@
 /**
- * @brief The params structs the decode kernels pass to variants (core members + additional ones).
+ * @brief The params structs of the five modules, which their kernels pass to variants (core
+ * members + the variant's additional ones).
  *
  * The variant's additional parameters come from the generated ADDITIONAL_PARAMS_DECL
  * (`float logits_soft_cap;` ...) as members of AdditionalParams, a base of every params struct,
@@ -22,18 +23,37 @@ struct AdditionalParams {
   ADDITIONAL_PARAMS_DECL
 };
 
-/** One request: q [num_qo_heads, head_dim], k/v [kv_len, heads, head_dim] through strides. */
+/** The element types and index type every params struct names; the variant's parameters. */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct SingleDecodeParams : AdditionalParams {
+struct ParamsBase : AdditionalParams {
   using DTypeQ = DTypeQ_;
   using DTypeKV = DTypeKV_;
   using DTypeO = DTypeO_;
   using IdType = int32_t;
+};
 
-  const DTypeQ* q;
-  const DTypeKV* k;
-  const DTypeKV* v;
-  DTypeO* o;
+/** Length of CSR row b (0 when the indptr is not increasing): call on the device only. */
+__host__ __device__ __forceinline__ uint32_t indptr_len(const int32_t* indptr, uint32_t b) {
+  const int32_t n = indptr[b + 1] - indptr[b];
+  return n > 0 ? uint32_t(n) : 0u;
+}
+
+/** Tokens of request b of a paged cache, from its page table: call on the device only. */
+__host__ __device__ __forceinline__ uint32_t paged_len(const int32_t* kv_indptr,
+                                                       const int32_t* kv_last_page_len,
+                                                       uint32_t page_size, uint32_t b) {
+  const int32_t num_pages = kv_indptr[b + 1] - kv_indptr[b];
+  return num_pages <= 0 ? 0u
+                        : uint32_t(num_pages - 1) * page_size + uint32_t(kv_last_page_len[b]);
+}
+
+/** One request: q [num_qo_heads, head_dim], k/v [kv_len, heads, head_dim] through strides. */
+template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
+struct SingleDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+  const DTypeQ_* q;
+  const DTypeKV_* k;
+  const DTypeKV_* v;
+  DTypeO_* o;
   float* lse;  // may be null
   int64_t q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, o_stride_h;
   uint32_t num_qo_heads, num_kv_heads, kv_len;
@@ -45,19 +65,14 @@ struct SingleDecodeParams : AdditionalParams {
 
 /** A batch over a paged KV cache with an int32 CSR page table. */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchDecodeParams : AdditionalParams {
-  using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeKV_;
-  using DTypeO = DTypeO_;
-  using IdType = int32_t;
-
-  const DTypeQ* q;
-  const DTypeKV* paged_kv;
-  DTypeO* o;
+struct BatchDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+  const DTypeQ_* q;
+  const DTypeKV_* paged_kv;
+  DTypeO_* o;
   float* lse;  // may be null
-  const IdType* kv_indptr;
-  const IdType* kv_indices;
-  const IdType* kv_last_page_len;
+  const int32_t* kv_indptr;
+  const int32_t* kv_indices;
+  const int32_t* kv_last_page_len;
   int64_t q_stride_b, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
   int64_t o_stride_b, o_stride_h;
   uint32_t batch_size, num_qo_heads, num_kv_heads, page_size;
@@ -65,11 +80,8 @@ struct BatchDecodeParams : AdditionalParams {
 
   __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t) const { return 1; }
   /** Reads the page table: call on the device only. */
-  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t batch_idx) const {
-    const int32_t num_pages = kv_indptr[batch_idx + 1] - kv_indptr[batch_idx];
-    return num_pages <= 0 ? 0u
-                          : uint32_t(num_pages - 1) * page_size +
-                                uint32_t(kv_last_page_len[batch_idx]);
+  __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
+    return paged_len(kv_indptr, kv_last_page_len, page_size, b);
   }
 };
 
@@ -80,16 +92,11 @@ struct BatchDecodeParams : AdditionalParams {
  * float32 [q tokens, num_qo_heads], natural log.
  */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct SinglePrefillParams : AdditionalParams {
-  using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeKV_;
-  using DTypeO = DTypeO_;
-  using IdType = int32_t;
-
-  const DTypeQ* q;   // [qo_len, num_qo_heads, head_dim] through q_stride_n / q_stride_h
-  const DTypeKV* k;  // [kv_len, num_kv_heads, head_dim] (NHD) or HND, through strides
-  const DTypeKV* v;
-  DTypeO* o;         // like q, through o strides
+struct SinglePrefillParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+  const DTypeQ_* q;   // [qo_len, num_qo_heads, head_dim] through q_stride_n / q_stride_h
+  const DTypeKV_* k;  // [kv_len, num_kv_heads, head_dim] (NHD) or HND, through strides
+  const DTypeKV_* v;
+  DTypeO_* o;         // like q, through o strides
   float* lse;        // may be null; [qo_len, num_qo_heads]
   int64_t q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h;
   int64_t o_stride_n, o_stride_h;
@@ -103,21 +110,16 @@ struct SinglePrefillParams : AdditionalParams {
 
 /** Batch over ragged (token-packed) q, k and v with int32 CSR indptrs on the device. */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchPrefillRaggedParams : AdditionalParams {
-  using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeKV_;
-  using DTypeO = DTypeO_;
-  using IdType = int32_t;
-
-  const DTypeQ* q;   // [total_q, num_qo_heads, head_dim]
-  const DTypeKV* k;  // [total_kv, num_kv_heads, head_dim]
-  const DTypeKV* v;
-  DTypeO* o;         // like q
+struct BatchPrefillRaggedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+  const DTypeQ_* q;   // [total_q, num_qo_heads, head_dim]
+  const DTypeKV_* k;  // [total_kv, num_kv_heads, head_dim]
+  const DTypeKV_* v;
+  DTypeO_* o;         // like q
   float* lse;        // may be null; [total_q, num_qo_heads]
-  const IdType* qo_indptr;       // [batch_size + 1]
-  const IdType* kv_indptr;       // [batch_size + 1]
-  const IdType* q_rope_offset;   // [batch_size] or null
-  const IdType* kv_rope_offset;  // [batch_size] or null
+  const int32_t* qo_indptr;       // [batch_size + 1]
+  const int32_t* kv_indptr;       // [batch_size + 1]
+  const int32_t* q_rope_offset;   // [batch_size] or null
+  const int32_t* kv_rope_offset;  // [batch_size] or null
   int64_t q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h;
   int64_t o_stride_n, o_stride_h;
   uint32_t batch_size, num_qo_heads, num_kv_heads;
@@ -126,33 +128,26 @@ struct BatchPrefillRaggedParams : AdditionalParams {
 
   /** Read the indptrs: call on the device only. */
   __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t b) const {
-    const int32_t n = qo_indptr[b + 1] - qo_indptr[b];
-    return n > 0 ? uint32_t(n) : 0u;
+    return indptr_len(qo_indptr, b);
   }
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
-    const int32_t n = kv_indptr[b + 1] - kv_indptr[b];
-    return n > 0 ? uint32_t(n) : 0u;
+    return indptr_len(kv_indptr, b);
   }
 };
 
 /** Batch with token-packed q and K/V in the paged cache of BatchDecodeParams. */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchPrefillPagedParams : AdditionalParams {
-  using DTypeQ = DTypeQ_;
-  using DTypeKV = DTypeKV_;
-  using DTypeO = DTypeO_;
-  using IdType = int32_t;
-
-  const DTypeQ* q;          // [total_q, num_qo_heads, head_dim]
-  const DTypeKV* paged_kv;  // pages: k of token t of page p at p*kv_stride_page + t*kv_stride_n
-  DTypeO* o;                // like q
+struct BatchPrefillPagedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+  const DTypeQ_* q;          // [total_q, num_qo_heads, head_dim]
+  const DTypeKV_* paged_kv;  // pages: k of token t of page p at p*kv_stride_page + t*kv_stride_n
+  DTypeO_* o;                // like q
   float* lse;               // may be null
-  const IdType* qo_indptr;         // [batch_size + 1]
-  const IdType* kv_indptr;         // [batch_size + 1], in pages
-  const IdType* kv_indices;        // page ids
-  const IdType* kv_last_page_len;  // [batch_size], 1..page_size for a request with pages
-  const IdType* q_rope_offset;     // [batch_size] or null
-  const IdType* kv_rope_offset;    // [batch_size] or null
+  const int32_t* qo_indptr;         // [batch_size + 1]
+  const int32_t* kv_indptr;         // [batch_size + 1], in pages
+  const int32_t* kv_indices;        // page ids
+  const int32_t* kv_last_page_len;  // [batch_size], 1..page_size for a request with pages
+  const int32_t* q_rope_offset;     // [batch_size] or null
+  const int32_t* kv_rope_offset;    // [batch_size] or null
   int64_t q_stride_n, q_stride_h, kv_stride_page, kv_stride_kv, kv_stride_n, kv_stride_h;
   int64_t o_stride_n, o_stride_h;
   uint32_t batch_size, num_qo_heads, num_kv_heads, page_size;
@@ -160,14 +155,11 @@ struct BatchPrefillPagedParams : AdditionalParams {
   float rope_scale, rope_theta;
 
   __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t b) const {
-    const int32_t n = qo_indptr[b + 1] - qo_indptr[b];
-    return n > 0 ? uint32_t(n) : 0u;
+    return indptr_len(qo_indptr, b);
   }
   /** Reads the page table: call on the device only. */
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
-    const int32_t num_pages = kv_indptr[b + 1] - kv_indptr[b];
-    return num_pages <= 0 ? 0u
-                          : uint32_t(num_pages - 1) * page_size + uint32_t(kv_last_page_len[b]);
+    return paged_len(kv_indptr, kv_last_page_len, page_size, b);
   }
 };
 

@@ -14,39 +14,38 @@
 namespace flashgen {
 namespace hooks {
 
-template <typename V, typename P, typename = void>
-struct has_query_transform : std::false_type {};
-template <typename V, typename P>
-struct has_query_transform<
-    V, P, std::void_t<decltype(std::declval<V&>().QueryTransform(std::declval<const P&>(), 0.f))>>
-    : std::true_type {};
+template <typename, template <typename...> class Op, typename... Args>
+struct detector : std::false_type {};
+template <template <typename...> class Op, typename... Args>
+struct detector<std::void_t<Op<Args...>>, Op, Args...> : std::true_type {};
 
-template <typename V, typename P, typename = void>
-struct has_logits_transform : std::false_type {};
-template <typename V, typename P>
-struct has_logits_transform<
-    V, P,
-    std::void_t<decltype(std::declval<V&>().LogitsTransform(
-        std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()))>>
-    : std::true_type {};
+/** true_type when Op<Args...> names a type (a call expression Op spells is valid), else false. */
+template <template <typename...> class Op, typename... Args>
+using is_detected = detector<void, Op, Args...>;
 
-template <typename V, typename P, typename = void>
-struct has_logits_mask : std::false_type {};
 template <typename V, typename P>
-struct has_logits_mask<
-    V, P,
-    std::void_t<decltype(std::declval<V&>().LogitsMask(std::declval<const P&>(), uint32_t(),
-                                                       uint32_t(), uint32_t(), uint32_t(),
-                                                       uint32_t()))>> : std::true_type {};
+using query_transform_call =
+    decltype(std::declval<V&>().QueryTransform(std::declval<const P&>(), 0.f));
+template <typename V, typename P>
+using has_query_transform = is_detected<query_transform_call, V, P>;
 
-template <typename V, typename P, typename = void>
-struct has_output_transform : std::false_type {};
 template <typename V, typename P>
-struct has_output_transform<
-    V, P,
-    std::void_t<decltype(std::declval<V&>().OutputTransform(std::declval<const P&>(), 0.f,
-                                                            uint32_t(), uint32_t(), uint32_t()))>>
-    : std::true_type {};
+using logits_transform_call = decltype(std::declval<V&>().LogitsTransform(
+    std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()));
+template <typename V, typename P>
+using has_logits_transform = is_detected<logits_transform_call, V, P>;
+
+template <typename V, typename P>
+using logits_mask_call = decltype(std::declval<V&>().LogitsMask(
+    std::declval<const P&>(), uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()));
+template <typename V, typename P>
+using has_logits_mask = is_detected<logits_mask_call, V, P>;
+
+template <typename V, typename P>
+using output_transform_call = decltype(std::declval<V&>().OutputTransform(
+    std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t()));
+template <typename V, typename P>
+using has_output_transform = is_detected<output_transform_call, V, P>;
 
 template <typename V, typename P>
 __device__ __forceinline__ float query_transform(V& v, const P& params, float q) {

@@ -276,23 +276,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::launch_dependents();  // the merge kernel may be scheduled; it waits for this grid
   using DTypeKV = typename Params::DTypeKV;
-  // Block order: the grid is (split, request, kv head x slice) as the host launches it; with
-  // FLASHGEN_DECODE_BATCH_HEADS_FAST the launch order is re-read so that the kv heads of one
-  // request run side by side (then its splits, then the next request). The kv heads of a token
-  // share its cache rows ([page][2][page_size][kv_heads][head_dim]): blocks that run together
-  // then read whole rows instead of one head's 2 * head_dim bytes out of each.
-#if FLASHGEN_DECODE_BATCH_HEADS_FAST
+  // Block order: the grid is (split, request, kv head x slice) as the host launches it; the
+  // launch order is re-read so that the kv heads of one request run side by side (then its
+  // splits, then the next request). The kv heads of a token share its cache rows
+  // ([page][2][page_size][kv_heads][head_dim]): blocks that run together then read whole rows
+  // instead of one head's 2 * head_dim bytes out of each.
   const uint64_t lin =
       blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
   const uint32_t hz = static_cast<uint32_t>(lin % gridDim.z);
   const uint64_t rest = lin / gridDim.z;
   const uint32_t split = static_cast<uint32_t>(rest % gridDim.x);
   const uint32_t batch_idx = static_cast<uint32_t>(rest / gridDim.x);
-#else
-  const uint32_t hz = blockIdx.z;
-  const uint32_t split = blockIdx.x;
-  const uint32_t batch_idx = blockIdx.y;
-#endif
   const uint32_t kv_head = hz / num_head_slices;
   const uint32_t slice = hz % num_head_slices;
   const uint32_t group_size = params.num_qo_heads / params.num_kv_heads;

@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "flashgen/portable_tuning.cuh"
+#include "flashgen/status.cuh"
+
 namespace flashgen {
 namespace decode {
 
@@ -20,11 +23,7 @@ struct DecodeTraits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
   static_assert(ELEM_BYTES_ == 2, "16-bit K/V only");
 
-#ifdef FLASHGEN_DECODE_WARPS
-  static constexpr int kWarps = FLASHGEN_DECODE_WARPS;
-#else
-  static constexpr int kWarps = 4;
-#endif
+  static constexpr int kWarps = tuning::kWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kTileTokens = 16;    // mma m (scores) and k (P V)
   static constexpr int kHeadsPerBlock = 8;  // mma n: query heads sharing one kv head
@@ -34,20 +33,9 @@ struct DecodeTraits {
   static constexpr int kRowsPerCopy = 32 / kChunks;            // rows one warp-wide copy covers
   static constexpr int kCopiesPerTile = kTileTokens / kRowsPerCopy;
 
-  // Ring depth per warp. Measured reason: a warp must keep >= 2 tiles in flight to cover DRAM
-  // latency; deeper rings for small rows, and <= ~128 KB per block so sm_80 still fits one.
-#ifdef FLASHGEN_DECODE_STAGES
-  static constexpr int kStages = FLASHGEN_DECODE_STAGES;
-#else
-  static constexpr int kStages = kHeadDim == 64 ? 4 : (kHeadDim == 128 ? 3 : 2);
-#endif
-  // Independent score accumulators per tile (a multiple of 2: hi and lo query parts). Four
-  // halve the dependent mma chain again at head_dim <= 128; head_dim 256 keeps two (registers).
-#ifdef FLASHGEN_DECODE_SCORE_CHAINS
-  static constexpr int kScoreChains = FLASHGEN_DECODE_SCORE_CHAINS;
-#else
-  static constexpr int kScoreChains = kHeadDim <= 128 ? 4 : 2;
-#endif
+  static constexpr int kStages = tuning::stages(kHeadDim);  // ring depth per warp
+  // Independent score accumulators per tile (a multiple of 2: hi and lo query parts).
+  static constexpr int kScoreChains = tuning::score_chains(kHeadDim);
   static_assert(kScoreChains == 1 || kScoreChains == 2 || kScoreChains == 4, "1, 2 or 4 chains");
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
@@ -62,19 +50,6 @@ struct DecodeTraits {
   static_assert(kStages >= 2, "a ring needs two stages");
 };
 
-/** Batch blocks in launch order: kv heads of one request side by side (1) or as launched (0). */
-#ifndef FLASHGEN_DECODE_BATCH_HEADS_FAST
-#define FLASHGEN_DECODE_BATCH_HEADS_FAST 1
-#endif
-
-/** Split-KV tuning: blocks per SM slot we aim for, and the shortest chunk worth a block. */
-#ifndef FLASHGEN_DECODE_TARGET_WAVES
-#define FLASHGEN_DECODE_TARGET_WAVES 1
-#endif
-#ifndef FLASHGEN_DECODE_MIN_CHUNK
-#define FLASHGEN_DECODE_MIN_CHUNK 64
-#endif
-constexpr int64_t kMinChunkTokens = FLASHGEN_DECODE_MIN_CHUNK;
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMergeMaxSplits = kMaxSplits;
 
@@ -98,8 +73,8 @@ template <typename Traits>
 inline int64_t plan_splits(int64_t units, int64_t max_kv_len, int64_t sm_count,
                            int64_t smem_per_sm) {
   const int64_t slots = sm_count * blocks_per_sm<Traits>(smem_per_sm);
-  int64_t splits = ceil_div(FLASHGEN_DECODE_TARGET_WAVES * slots, std::max<int64_t>(units, 1));
-  if (max_kv_len > 0) splits = std::min(splits, ceil_div(max_kv_len, kMinChunkTokens));
+  int64_t splits = ceil_div(tuning::kTargetWaves * slots, std::max<int64_t>(units, 1));
+  if (max_kv_len > 0) splits = std::min(splits, ceil_div(max_kv_len, tuning::kMinChunkTokens));
   return std::max<int64_t>(1, std::min(splits, kMaxSplits));
 }
 
@@ -112,6 +87,25 @@ inline int64_t chunk_tokens(int64_t kv_len, int64_t splits) {
 inline int64_t workspace_bytes(int64_t splits, int64_t rows, int64_t head_dim) {
   if (splits <= 1) return 0;
   return splits * rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+/** The call's workspace as workspace_bytes lays it out: part_o and part_w, both null with one
+ *  split. Fails, pointing at `module`'s workspace query, when it is too small or misaligned. */
+inline int carve_workspace(const char* module, void* ws, int64_t ws_bytes, int64_t splits,
+                           int64_t rows, int64_t head_dim, float** part_o, float** part_w) {
+  const int64_t need = workspace_bytes(splits, rows, head_dim);
+  *part_o = *part_w = nullptr;
+  if (need == 0) return FLASHGEN_OK;
+  if (ws == nullptr || ws_bytes < need || (reinterpret_cast<uintptr_t>(ws) & 15) != 0) {
+    return fail(FLASHGEN_WORKSPACE_TOO_SMALL,
+                "%s: needs a 16-byte aligned workspace of %lld bytes, got %lld at %p (ask "
+                "flashgen_%s_workspace_size on the same device)",
+                module, static_cast<long long>(need), static_cast<long long>(ws_bytes), ws,
+                module);
+  }
+  *part_o = static_cast<float*>(ws);
+  *part_w = *part_o + splits * rows * head_dim;
+  return FLASHGEN_OK;
 }
 
 }  // namespace decode

@@ -3,10 +3,8 @@
  *
  *  - `has_own_logits_mask` / `has_own_logits_transform`: the hook exists and is not the identity
  *    inherited from AttentionVariantBase. variant_hooks.cuh detects any callable hook, and the
- *    base class defines all of them, so every variant deriving from the base looked masked:
- *    every kv tile took the per-element mask path and the mask-free loop never ran (measured
- *    before this header: the one loop of the causal d128 kernel carried ~170 ISETP/FSEL/SEL per
- *    tile).
+ *    base class defines all of them, so every variant deriving from the base would look masked:
+ *    every kv tile would take the per-element mask path and the mask-free loop would never run.
  *  - `LogitsTransformPrefill` (optional, same signature as LogitsTransform): a cheaper form the
  *    prefill kernel calls instead when present (soft_cap: tanh.approx; decode keeps the accurate
  *    LogitsTransform, whose LSE bound is 5e-5).
@@ -64,14 +62,11 @@ constexpr bool has_own_logits_mask() {
   return hooks::has_logits_mask<V, P>::value && !logits_mask_is_base<V, P>::value;
 }
 
-template <typename V, typename P, typename = void>
-struct has_logits_transform_prefill : std::false_type {};
 template <typename V, typename P>
-struct has_logits_transform_prefill<
-    V, P,
-    std::void_t<decltype(std::declval<V&>().LogitsTransformPrefill(
-        std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()))>>
-    : std::true_type {};
+using logits_transform_prefill_call = decltype(std::declval<V&>().LogitsTransformPrefill(
+    std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t(), uint32_t(), uint32_t()));
+template <typename V, typename P>
+using has_logits_transform_prefill = hooks::is_detected<logits_transform_prefill_call, V, P>;
 
 template <typename V, typename P>
 constexpr bool has_own_logits_transform() {
@@ -79,43 +74,32 @@ constexpr bool has_own_logits_transform() {
          (hooks::has_logits_transform<V, P>::value && !logits_transform_is_base<V, P>::value);
 }
 
-template <typename V, typename P, typename = void>
-struct has_mask_bounds : std::false_type {};
 template <typename V, typename P>
-struct has_mask_bounds<V, P,
-                       std::void_t<decltype(std::declval<V&>().MaskBounds(
-                           std::declval<const P&>(), uint32_t(), uint32_t(),
-                           std::declval<int32_t&>(), std::declval<int32_t&>()))>>
-    : std::true_type {};
-
-template <typename V, typename P, typename = void>
-struct has_linear_bias : std::false_type {};
+using mask_bounds_call = decltype(std::declval<V&>().MaskBounds(
+    std::declval<const P&>(), uint32_t(), uint32_t(), std::declval<int32_t&>(),
+    std::declval<int32_t&>()));
 template <typename V, typename P>
-struct has_linear_bias<V, P,
-                       std::void_t<decltype(std::declval<V&>().LinearBias(
-                           std::declval<const P&>(), uint32_t(), uint32_t(), uint32_t(),
-                           uint32_t(), std::declval<float&>(), std::declval<int32_t&>()))>>
-    : std::true_type {};
+using has_mask_bounds = hooks::is_detected<mask_bounds_call, V, P>;
 
-template <typename V, typename P, typename = void>
-struct has_logits_range : std::false_type {};
 template <typename V, typename P>
-struct has_logits_range<V, P,
-                        std::void_t<decltype(std::declval<V&>().LogitsRange(
-                            std::declval<const P&>(), std::declval<float&>(),
-                            std::declval<float&>()))>> : std::true_type {};
+using linear_bias_call = decltype(std::declval<V&>().LinearBias(
+    std::declval<const P&>(), uint32_t(), uint32_t(), uint32_t(), uint32_t(),
+    std::declval<float&>(), std::declval<int32_t&>()));
+template <typename V, typename P>
+using has_linear_bias = hooks::is_detected<linear_bias_call, V, P>;
 
-/** 0: never use a variant's LogitsRange as a fixed softmax reference (A/B switch). */
-#ifndef FLASHGEN_PREFILL_FIXED_MAX
-#define FLASHGEN_PREFILL_FIXED_MAX 1
-#endif
+template <typename V, typename P>
+using logits_range_call = decltype(std::declval<V&>().LogitsRange(
+    std::declval<const P&>(), std::declval<float&>(), std::declval<float&>()));
+template <typename V, typename P>
+using has_logits_range = hooks::is_detected<logits_range_call, V, P>;
 
 /** Whether a prefill kernel whose P is DTypeP may take its softmax reference from the variant's
  *  LogitsRange: P needs 8 exponent bits (bf16; f16 P would underflow). The caller adds that the
  *  variant uses softmax. The one rule of both prefill kernels (portable and sm90). */
 template <typename V, typename P, typename DTypeP>
 __host__ __device__ constexpr bool fixed_reference_able() {
-  return FLASHGEN_PREFILL_FIXED_MAX && has_logits_range<V, P>::value &&
+  return has_logits_range<V, P>::value &&
          std::is_same<DTypeP, __nv_bfloat16>::value;
 }
 
@@ -129,12 +113,11 @@ __device__ __forceinline__ bool fixed_reference(V& v, const P& params, float& re
   return hi - lo <= 120.f;
 }
 
-template <typename V, typename P, typename = void>
-struct has_tanh_cap : std::false_type {};
 template <typename V, typename P>
-struct has_tanh_cap<V, P,
-                    std::void_t<decltype(bool(std::declval<V&>().TanhCap(
-                        std::declval<const P&>(), std::declval<float&>())))>> : std::true_type {};
+using tanh_cap_call =
+    decltype(bool(std::declval<V&>().TanhCap(std::declval<const P&>(), std::declval<float&>())));
+template <typename V, typename P>
+using has_tanh_cap = hooks::is_detected<tanh_cap_call, V, P>;
 
 /** The call's TanhCap: true, with `scale` the cap's factor, when the kernel applies tanh itself;
  *  false, with `scale` 1, when the transform is the identity. Both prefill kernels. */

@@ -22,6 +22,7 @@
 #include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/portable_tuning.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 #include "flashgen/prefill/hooks.cuh"
@@ -100,44 +101,6 @@ constexpr bool has_variant_mask() {
   return has_own_logits_mask<Variant, Params>();
 }
 
-/** Softmax rescale threshold (log2 units): the running max used for exp2 is raised only when a
- *  tile's max exceeds it by more than this (P <= 2^threshold otherwise; exact either way, the
- *  final normalization uses the same reference). 0: rescale whenever the max grows. */
-#ifndef FLASHGEN_PREFILL_RESCALE_THRESHOLD
-#define FLASHGEN_PREFILL_RESCALE_THRESHOLD 8.0f
-#endif
-
-/** Softmax exp2 on the FMA pipe (math::exp2_fma) for this many of every 8 logits, the rest on
- *  the MUFU unit: for variants whose own LogitsTransform already spends a MUFU op per logit
- *  (soft_cap's tanh), and for the others. 0 for both: every eighth tried cost time on the H200
- *  (NOTES-prefill.md run 8: the softmax phase is bound by issue slots, not by MUFU). */
-#ifndef FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
-#define FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM 0
-#endif
-#ifndef FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS
-#define FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS 0
-#endif
-/** K/V tiles wholly inside kv_len copy without the per-row compare and selects (a warp-uniform
- *  branch): 0 never, 1 in every kernel, 2 in the kernels of variants with a LinearBias or TanhCap
- *  hook only. Run 8 (NOTES-prefill.md): with 1, soft_cap -4 %, ALiBi -1.5 %, the default within
- *  noise, but a 4/40 B spill in the ragged default kernel. Run 9: 2 against 0, ALiBi -1.7 %,
- *  soft_cap (with TanhCap) unchanged, the other kernels identical. */
-#ifndef FLASHGEN_PREFILL_WHOLE_TILE_COPIES
-#define FLASHGEN_PREFILL_WHOLE_TILE_COPIES 2
-#endif
-
-/** Paged kernels whose tiles are whole pages: 0 hold the page indices of the next tile in
- *  registers across the loop; 1 read them when the tile's copies are issued (L1 hits after an
- *  L1 prefetch a tile ahead); 2 read them at issue in the non-causal kernels of variants without
- *  a per-logit transform (default, ALiBi, sliding window) only. Run 9 (NOTES-prefill.md, sm_90a
- *  ptxas, bf16 d128 page 16): with 0 the non-causal default and ALiBi kernels spilled m and l
- *  (224-232 B, 35 spill ops per tile in the loop; 2: 8-20 B, none in the loop); with 1 the
- *  causal ones spilled (default 0 -> 36 B, ALiBi 4 -> 156 B); the non-causal soft_cap and
- *  sigmoid kernels spill nothing with 0 and 28-36 B at issue. */
-#ifndef FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE
-#define FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE 2
-#endif
-
 /** Slope and origin of a row's linear logits bias (prefill/hooks.cuh LinearBias). */
 struct RowBias {
   float slope;
@@ -172,12 +135,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
   constexpr bool kBounds = uses_mask_bounds<Variant, Params>();
   constexpr bool kFixedMaxAble = kSoftmax && fixed_reference_able<Variant, Params, DTypeKV>();
-  constexpr bool kWholeTiles =
-      FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 1 ||
-      (FLASHGEN_PREFILL_WHOLE_TILE_COPIES == 2 && (kLinearBias || kTanhCap));
-  constexpr int kExpFma = !kSoftmax ? 0
-                          : kVarLogits ? FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS_TRANSFORM
-                                       : FLASHGEN_PREFILL_EXP2_FMA_EIGHTHS;
+  constexpr bool kWholeTiles = tuning::whole_tile_copies(kLinearBias, kTanhCap);
 
   extern __shared__ __align__(128) uint8_t smem[];
   ptx::wait_prerequisite_grid();  // prep / rope pre-pass (PDL on sm_90; no-op otherwise)
@@ -246,9 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // when issued (L1 hits: a request's kv_indices are small and the K/V copies bypass L1), after
   // an L1 prefetch a tile ahead.
   constexpr bool kPagesAtIssue =
-      kPageFast && (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 1 ||
-                    (FLASHGEN_PREFILL_PAGE_INDEX_AT_ISSUE == 2 && MASK == kMaskNone &&
-                     !kVarLogits && !kTanhCap));
+      kPageFast && tuning::page_index_at_issue(MASK == kMaskCausal, kVarLogits, kTanhCap);
   auto load_pages = [&](int32_t kt) {
     if constexpr (kPagesAtIssue) {
       if (kt < kt_end && kt * kTileKV < kv_len) {
@@ -261,7 +217,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         pages[j] = (kt < kt_end && pos < kv_len) ? kv.page(uint32_t(pos)) : 0;
       }
     } else if constexpr (decltype(kv)::kPaged) {
-      // Held in registers: reading each row's index at issue was slower (NOTES-prefill.md).
+      // Held in registers: reading each row's index at issue is slower.
 #pragma unroll
       for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
         const int32_t pos = kt * kTileKV + int32_t(copy_row0 + i * Traits::kCopyRows);
@@ -365,8 +321,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     constexpr int kUnits = Traits::kWarpRows * kHalf;
     rope::LlamaRope rp;
     if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
-    // Fully unrolled: all of a lane's 16-byte loads are in flight at once (was unroll 2: one
-    // memory latency per 4 loads).
+    // Fully unrolled: all of a lane's 16-byte loads are in flight at once.
 #pragma unroll
     for (int it = 0; it < kUnits / 32; ++it) {
       const uint32_t idx = it * 32 + lane;
@@ -417,7 +372,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // ldmatrix lane addresses. Logical chunk 2s + c0 of a lane's row r sits at physical chunk
   // 8 (s / 4) + ((2 (s % 4)) ^ (c0 ^ (r & 7))): one per-lane offset `rel` (row bytes + the
   // lane's XOR part), then `(rel ^ imm) + imm` per fragment. No per-k-step offsets are held in
-  // registers (they were: 8 per operand, which made the loop spill).
+  // registers (8 per operand make the loop spill).
   constexpr uint32_t kRowBytes = kChunks * 16;
   const uint32_t q_rel = (warp_row0 + (mi & 1) * 8 + r7) * kRowBytes + (((mi >> 1) ^ r7) << 4);
   const uint32_t k_rel = ((mi >> 1) * 8 + r7) * kRowBytes + (((mi & 1) ^ r7) << 4);
@@ -427,7 +382,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   };
 
   // A fixed softmax reference (hooks.cuh): the tiles skip the running max and the rescale (a
-  // warp-uniform branch: two copies of the loops spilled).
+  // warp-uniform branch: two copies of the loops spill).
   bool fixed_max = false;
   if constexpr (kFixedMaxAble) {
     float ref;
@@ -591,7 +546,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           tile_max[mq][h] = mx;
-          need_rescale |= mx > m[mq][h] + float(FLASHGEN_PREFILL_RESCALE_THRESHOLD);
+          need_rescale |= mx > m[mq][h] + tuning::kRescaleThreshold;
         }
       }
       // Warp-uniform: rescale O only when some row's max rose past the threshold.
@@ -626,11 +581,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
             for (int e1 = 0; e1 < 2; ++e1) {
-              // kExpFma of every 8 logits on the FMA pipe, the rest on MUFU (compile-time).
               const float x = kTanhCap ? fmaf(s[mq][nt][2 * h + e1], logit_scale, -m_ref)
                                        : s[mq][nt][2 * h + e1] - m_ref;
-              s[mq][nt][2 * h + e1] =
-                  (2 * nt + e1) % 8 < kExpFma ? math::exp2_fma(x) : math::ptx_exp2(x);
+              s[mq][nt][2 * h + e1] = math::ptx_exp2(x);
             }
             sum += s[mq][nt][2 * h] + s[mq][nt][2 * h + 1];
           }
@@ -663,7 +616,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       load_pages(kt + 2);
     }
     const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
-    // Warps with an all-zero P (causal) too: skipping them was slower (NOTES-prefill.md).
+    // Warps with an all-zero P (causal) too: skipping them is slower.
 #pragma unroll
     for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
       uint32_t pa[kMmaQ][4];
@@ -694,7 +647,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 
   // Tiles in order: [kt_begin, free_a) masked (only with MaskBounds), [free_a, free_b) mask-free,
   // [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
-  // keep the masked body's values live across the hot loop (measured: spills).
+  // keep the masked body's values live across the hot loop (it spills).
   const int32_t free_a = tiles.free_a(), free_b = tiles.free_b();
   int32_t kt = kt_begin;
   if constexpr (kBounds) {

@@ -1,6 +1,6 @@
 /**
- * @brief Host side of the prefill kernels: workspace sizing and launches (the lead's C entry
- * points call these). All sizes derive from shapes the host knows; nothing reads device memory.
+ * @brief Host side of the prefill kernels: workspace sizing and launches (the C entry points of
+ * csrc/ call these). All sizes derive from shapes the host knows; nothing reads device memory.
  *
  *   template <int HEAD_DIM, int POS, typename Variant, typename Params>
  *   int64_t single_prefill_workspace_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads, sm_count)

@@ -1,12 +1,11 @@
 /**
- * @brief Llama RoPE (half split), shared by prefill and (for the lead to wire in) decode.
+ * @brief Llama RoPE (half split) of the prefill kernels, which decode's rope_llama calls use too.
  *
  * For a head of D dims and pair i < D/2: freq_i = 1 / rope_theta^(2i/D),
  * angle = (pos / rope_scale) * freq_i, and
  *   out[i]       = x[i] cos(angle) - x[i + D/2] sin(angle)
  *   out[i + D/2] = x[i + D/2] cos(angle) + x[i] sin(angle).
- * Angles are fp32 with the accurate sincosf (no fast-math): the error grows with pos like
- * pos * 2^-24 radians.
+ * Angles are fp32: the error grows with pos like pos * 2^-24 radians.
  */
 #pragma once
 
@@ -35,24 +34,13 @@ struct LlamaRope {
   }
 };
 
-/** Rotates one pair (x[i], x[i + D/2]) by angle pos * freq. */
-__device__ __forceinline__ void rotate_pair(float& lo, float& hi, float pos, float freq) {
-  float s, c;
-  sincosf(pos * freq, &s, &c);
-  const float a = lo * c - hi * s;
-  const float b = hi * c + lo * s;
-  lo = a;
-  hi = b;
-}
-
 /**
- * Prefill's rotation (FLASHGEN_PREFILL_FAST_ROPE, default on): the angle pos * freq is reduced
- * in half-turns, x = pos * (freq / pi), r = x - 2 rint(x / 2) in [-1, 1] (exact), then one
- * MUFU sin and cos of pi r (absolute error ~2^-21 on [-pi, pi]). The fp32 rounding of x is the
- * same order as that of pos * freq in rotate_pair (both ~pos * 2^-24 radians).
+ * Rotates one pair (x[i], x[i + D/2]) by angle pos * freq, reduced in half-turns: x = pos *
+ * (freq / pi), r = x - 2 rint(x / 2) in [-1, 1] (exact), then one MUFU sin and cos of pi r
+ * (absolute error ~2^-21 on [-pi, pi]). The fp32 rounding of x is the same order as that of
+ * pos * freq (~pos * 2^-24 radians); the accurate sincosf is ~40 instructions a pair.
  */
-__device__ __forceinline__ void rotate_pair_fast(float& lo, float& hi, float pos,
-                                                 float freq_over_pi) {
+__device__ __forceinline__ void rotate_pair(float& lo, float& hi, float pos, float freq_over_pi) {
   const float x = pos * freq_over_pi;
   const float r = fmaf(-2.f, rintf(0.5f * x), x);
   float s, c;
@@ -63,32 +51,14 @@ __device__ __forceinline__ void rotate_pair_fast(float& lo, float& hi, float pos
   hi = b;
 }
 
-#ifndef FLASHGEN_PREFILL_FAST_ROPE
-#define FLASHGEN_PREFILL_FAST_ROPE 1
-#endif
-
 /** The prefill call sites: 8 consecutive pairs i0..i0+7 of a head of D dims. */
 template <int D>
 __device__ __forceinline__ void rotate8(float (&lo)[8], float (&hi)[8], float pos, int i0,
                                         const LlamaRope& r) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-#if FLASHGEN_PREFILL_FAST_ROPE
-    rotate_pair_fast(lo[j], hi[j], pos, r.freq(i0 + j, D) * 0.318309886183791f);
-#else
-    rotate_pair(lo[j], hi[j], pos, r.freq(i0 + j, D));
-#endif
+    rotate_pair(lo[j], hi[j], pos, r.freq(i0 + j, D) * 0.318309886183791f);
   }
-}
-
-/**
- * Decode helper: rotates a whole head held as floats, x[0..D) (e.g. a query row in registers or
- * shared memory, one thread per head or strided over threads by the caller).
- */
-template <int D>
-__device__ __forceinline__ void apply_llama(float* x, float pos, const LlamaRope& r) {
-#pragma unroll 4
-  for (int i = 0; i < D / 2; ++i) rotate_pair(x[i], x[i + D / 2], pos, r.freq(i, D));
 }
 
 }  // namespace rope

@@ -5,14 +5,13 @@
  * head L % num_kv_heads and unit L / num_kv_heads (heads of one unit run side by side and share
  * the L2 lines of the request's K/V). Within a request, q tiles go last-first, so under causal
  * masking the longest tiles are dispatched first; batch plans also order the requests by kv
- * tiles, descending (FLASHGEN_PREFILL_BATCH_ORDER 2: heavy-first across requests while a
- * request's units, which share K/V in L2, stay together; 0 request order; 1 a counting sort of
- * all units by cost, which measured 5-7% slower than 0 and 2).
+ * tiles, descending (heavy-first across requests while a request's units, which share K/V in
+ * L2, stay together).
  *
  * Split-KV: when the q tiles of all requests together give fewer than `split_units` units per
  * kv head (split_units = ceil(SMs * CTAs per SM / num_kv_heads), i.e. less than one wave), the kv
  * range of each q tile is cut into s_b chunks (s_b from a common chunk length C, the smallest
- * multiple of the kv tile, at least FLASHGEN_PREFILL_MIN_CHUNK_TILES tiles, for which the units
+ * multiple of the kv tile, at least tuning::kMinChunkTiles tiles, for which the units
  * still fit in split_units). Units of a split request write fp32 partials (output and base-2
  * LSE) into workspace slot u, and the merge kernel combines the s_b consecutive slots of a tile.
  *
@@ -27,6 +26,7 @@
 #include <cstdint>
 
 #include "flashgen/params.cuh"
+#include "flashgen/portable_tuning.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/prefill/traits.cuh"
 
@@ -74,25 +74,18 @@ inline int64_t split_units_per_head(int64_t sm_count, int64_t num_kv_heads) {
 template <typename Traits>
 inline int64_t single_splits(int64_t num_tiles, int64_t kv_len, int64_t split_units) {
   const int64_t kv_tiles = ceil_div64(kv_len, Traits::kTileKV);
-  if (num_tiles <= 0 || num_tiles >= split_units || kv_tiles <= FLASHGEN_PREFILL_MIN_CHUNK_TILES) {
+  if (num_tiles <= 0 || num_tiles >= split_units || kv_tiles <= tuning::kMinChunkTiles) {
     return 1;
   }
   const int64_t max_splits = std::max<int64_t>(1, split_units / num_tiles);
-  int64_t chunk = std::max<int64_t>(FLASHGEN_PREFILL_MIN_CHUNK_TILES,
+  int64_t chunk = std::max<int64_t>(tuning::kMinChunkTiles,
                                     ceil_div64(kv_tiles, max_splits));
   return ceil_div64(kv_tiles, chunk);
 }
 
 constexpr int kPrepThreads = 512;
-constexpr int kPrepBuckets = 2048;  // cost buckets of the heavy-first orders
-constexpr int kPrepMaxPerm = 4096;  // requests the per-request order handles (more: mode 1)
-
-/** Batch unit order: 0 request order; 1 units sorted by cost (kv tiles visited), descending
- *  (no split only); 2 requests sorted by kv tiles, descending, each request's q tiles
- *  last-first (heavy-first that keeps a request's units, which share K/V, together in time). */
-#ifndef FLASHGEN_PREFILL_BATCH_ORDER
-#define FLASHGEN_PREFILL_BATCH_ORDER 2
-#endif
+constexpr int kPrepBuckets = 2048;  // cost buckets of the heavy-first request order
+constexpr int kPrepMaxPerm = 4096;  // requests that order handles (more: request order)
 
 template <int N>
 __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
@@ -105,6 +98,22 @@ __device__ __forceinline__ int64_t block_sum(int64_t x, int64_t* scratch) {
 #pragma unroll
   for (int w = 0; w < N / 32; ++w) t += scratch[w];
   return t;
+}
+
+/** v's inclusive scan over the thread's warp; each warp's total lands in scratch[warp] (between
+ *  two barriers: every thread of the block calls it). */
+__device__ __forceinline__ int64_t warp_scan_to_scratch(int64_t v, int64_t* scratch) {
+  const uint32_t tid = threadIdx.x;
+  int64_t x = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int64_t y = __shfl_up_sync(~0u, x, off);
+    if ((tid & 31) >= uint32_t(off)) x += y;
+  }
+  __syncthreads();
+  if ((tid & 31) == 31) scratch[tid >> 5] = x;
+  __syncthreads();
+  return x;
 }
 
 /**
@@ -120,7 +129,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   __shared__ int64_t scratch[kPrepThreads / 32];
   __shared__ int64_t carry;
   __shared__ int32_t bucket_pos[kPrepBuckets];
-  __shared__ int32_t perm[FLASHGEN_PREFILL_BATCH_ORDER == 2 ? kPrepMaxPerm : 1];
+  __shared__ int32_t perm[kPrepMaxPerm];
   ptx::wait_prerequisite_grid();
   ptx::launch_dependents();
   const uint32_t B = params.batch_size;
@@ -154,8 +163,8 @@ __global__ void __launch_bounds__(kPrepThreads)
   // Chunk length C in kv tiles (0: no split).
   int64_t chunk = 0;
   if (total_tiles > 0 && total_tiles < split_units &&
-      max_kvt > FLASHGEN_PREFILL_MIN_CHUNK_TILES) {
-    int64_t lo = FLASHGEN_PREFILL_MIN_CHUNK_TILES, hi = max_kvt;  // cost(hi) = total_tiles fits
+      max_kvt > tuning::kMinChunkTiles) {
+    int64_t lo = tuning::kMinChunkTiles, hi = max_kvt;  // cost(hi) = total_tiles fits
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
       int64_t c = 0;
@@ -180,16 +189,7 @@ __global__ void __launch_bounds__(kPrepThreads)
       cnt[j] = bucket_pos[kPrepBuckets - 1 - (int(tid) * kPer + j)];
       mine_sum += cnt[j];
     }
-    int64_t x = mine_sum;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t y = __shfl_up_sync(~0u, x, off);
-      if ((tid & 31) >= uint32_t(off)) x += y;
-    }
-    __syncthreads();
-    if ((tid & 31) == 31) scratch[tid >> 5] = x;
-    __syncthreads();
-    int64_t off = x - mine_sum;
+    int64_t off = warp_scan_to_scratch(mine_sum, scratch) - mine_sum;
     for (uint32_t w = 0; w < (tid >> 5); ++w) off += scratch[w];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -203,9 +203,8 @@ __global__ void __launch_bounds__(kPrepThreads)
     return max_cost < kPrepBuckets ? int32_t(cost)
                                    : int32_t(cost * (kPrepBuckets - 1) / max_cost);
   };
-  // Mode 2: perm[k] = the k-th request by kv tiles, descending.
-  constexpr bool kPermOrder = FLASHGEN_PREFILL_BATCH_ORDER == 2;
-  const bool use_perm = kPermOrder && B <= uint32_t(kPrepMaxPerm);
+  // perm[k] = the k-th request by kv tiles, descending; each request's q tiles go last-first.
+  const bool use_perm = B <= uint32_t(kPrepMaxPerm);
   if (use_perm) {
     for (int i = tid; i < kPrepBuckets; i += kPrepThreads) bucket_pos[i] = 0;
     __syncthreads();
@@ -224,16 +223,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   for (uint32_t base = 0; base < B; base += kPrepThreads) {
     const uint32_t b = base + tid;
     const int64_t units = b < B ? q_tiles(req(b)) * splits_of(req(b)) : 0;
-    // inclusive warp scan
-    int64_t x = units;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int64_t y = __shfl_up_sync(~0u, x, off);
-      if ((tid & 31) >= uint32_t(off)) x += y;
-    }
-    __syncthreads();
-    if ((tid & 31) == 31) scratch[tid >> 5] = x;
-    __syncthreads();
+    const int64_t x = warp_scan_to_scratch(units, scratch);
     int64_t warp_off = 0;
     for (uint32_t w = 0; w < (tid >> 5); ++w) warp_off += scratch[w];
     const int64_t excl = carry + warp_off + x - units;
@@ -258,39 +248,9 @@ __global__ void __launch_bounds__(kPrepThreads)
     const int64_t nt = q_tiles(b);
     return make_int4(int(b), int(nt - 1 - local / s), int(local % s), int(s));
   };
-  if (chunk > 0 || FLASHGEN_PREFILL_BATCH_ORDER != 1) {
-    // Scan order (with a split the merge reads the s_b chunks of a tile from consecutive slots).
-    for (uint32_t u = tid; u < grid_units; u += kPrepThreads) {
-      table[u] = u < total_units ? unit_entry(u) : make_int4(-1, 0, 0, 0);
-    }
-    return;
-  }
-  // No split: heavy-first across requests (longest-processing-time order). A unit's cost is
-  // the kv tiles it visits; a counting sort over kPrepBuckets cost buckets, descending (ties in
-  // any order: every unit is independent).
-  auto bucket_of = [&](const int4 e) -> int32_t {
-    const int64_t qo = params.get_qo_len(uint32_t(e.x)), kv = params.get_kv_len(uint32_t(e.x));
-    const int64_t last_p = std::min<int64_t>(qo * group_size, int64_t(e.y + 1) * Traits::kTileQ) - 1;
-    int64_t end = kv;
-    if constexpr (MASK == kMaskCausal) {
-      end = std::min<int64_t>(kv, kv - qo + last_p / group_size + 1);
-    }
-    return bucket_of_cost(ceil_div64(std::max<int64_t>(end, 0), Traits::kTileKV));
-  };
-  for (int i = tid; i < kPrepBuckets; i += kPrepThreads) bucket_pos[i] = 0;
-  __syncthreads();
-  for (uint32_t u = tid; u < total_units; u += kPrepThreads) {
-    atomicAdd(&bucket_pos[bucket_of(unit_entry(u))], 1);
-  }
-  __syncthreads();
-  desc_scan();
+  // Scan order (with a split the merge reads the s_b chunks of a tile from consecutive slots).
   for (uint32_t u = tid; u < grid_units; u += kPrepThreads) {
-    if (u < total_units) {
-      const int4 e = unit_entry(u);
-      table[atomicAdd(&bucket_pos[bucket_of(e)], 1)] = e;
-    } else {
-      table[u] = make_int4(-1, 0, 0, 0);
-    }
+    table[u] = u < total_units ? unit_entry(u) : make_int4(-1, 0, 0, 0);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "flashgen/portable_tuning.cuh"
 #include "flashgen/prefill/hooks.cuh"
 
 namespace flashgen {
@@ -21,63 +22,6 @@ namespace prefill {
 
 enum MaskMode : int { kMaskNone = 0, kMaskCausal = 1 };
 enum PosEncoding : int { kPosNone = 0, kPosRopeLlama = 1 };
-
-template <int HEAD_DIM>
-struct PrefillConfig;
-
-// head_dim 64: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 64 floats per thread). 128-row
-// tiles (S 128) made ptxas spill (4 to 216 B) in 70 of the 160 sm_80 kernels, the default single
-// causal one inside its loop. 64-row tiles leave room for three CTAs an SM (50 KB of shared
-// memory each): 6 % faster on single causal 8192 than two, but at 168 registers the
-// sliding-window, a sigmoid and most paged kernels spilled (NOTES-prefill.md, run 10), so three
-// are for the lean kernels only (kMinCtasLean, PrefillTraitsFor). (Experiments:
-// FLASHGEN_PREFILL_D64_{TILE_KV,MIN_CTAS,MIN_CTAS_LEAN}.)
-#ifndef FLASHGEN_PREFILL_D64_TILE_KV
-#define FLASHGEN_PREFILL_D64_TILE_KV 64
-#endif
-#ifndef FLASHGEN_PREFILL_D64_MIN_CTAS
-#define FLASHGEN_PREFILL_D64_MIN_CTAS 2
-#endif
-#ifndef FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN
-#define FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN 3
-#endif
-template <>
-struct PrefillConfig<64> {
-  static constexpr int kWarps = 4, kMmaQ = 2, kTileKV = FLASHGEN_PREFILL_D64_TILE_KV, kStages = 2,
-                       kMinCtas = FLASHGEN_PREFILL_D64_MIN_CTAS,
-                       kMinCtasLean = FLASHGEN_PREFILL_D64_MIN_CTAS_LEAN;
-};
-// head_dim 128: 4 warps x 32 rows, 64-row kv tiles (S 64 + O 128 floats), 96 KB: 2 CTAs/SM.
-// (Overridable for experiments: FLASHGEN_PREFILL_D128_{WARPS,MMA_Q,TILE_KV,STAGES,MIN_CTAS}.)
-#ifndef FLASHGEN_PREFILL_D128_WARPS
-#define FLASHGEN_PREFILL_D128_WARPS 4
-#endif
-#ifndef FLASHGEN_PREFILL_D128_MMA_Q
-#define FLASHGEN_PREFILL_D128_MMA_Q 2
-#endif
-#ifndef FLASHGEN_PREFILL_D128_TILE_KV
-#define FLASHGEN_PREFILL_D128_TILE_KV 64
-#endif
-#ifndef FLASHGEN_PREFILL_D128_STAGES
-#define FLASHGEN_PREFILL_D128_STAGES 2
-#endif
-#ifndef FLASHGEN_PREFILL_D128_MIN_CTAS
-#define FLASHGEN_PREFILL_D128_MIN_CTAS 2
-#endif
-template <>
-struct PrefillConfig<128> {
-  static constexpr int kWarps = FLASHGEN_PREFILL_D128_WARPS, kMmaQ = FLASHGEN_PREFILL_D128_MMA_Q,
-                       kTileKV = FLASHGEN_PREFILL_D128_TILE_KV,
-                       kStages = FLASHGEN_PREFILL_D128_STAGES,
-                       kMinCtas = FLASHGEN_PREFILL_D128_MIN_CTAS, kMinCtasLean = kMinCtas;
-};
-// head_dim 256: 8 warps x 16 rows, 64-row kv tiles (S 32 + O 128 floats), single K/V buffers:
-// 128 KB (fits sm_80's 163 KB).
-template <>
-struct PrefillConfig<256> {
-  static constexpr int kWarps = 8, kMmaQ = 1, kTileKV = 64, kStages = 1, kMinCtas = 1,
-                       kMinCtasLean = 1;
-};
 
 /** MIN_CTAS: the CTAs an SM the kernel is built for (its __launch_bounds__ and the split plan);
  *  PrefillTraitsFor picks it per kernel. */
@@ -112,18 +56,18 @@ struct PrefillTraits {
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
 };
 
+/** Whether Params holds a page table (the paged kinds). */
+template <typename Params>
+using page_table_field = decltype(std::declval<Params&>().kv_indices);
+template <typename Params>
+using has_page_table = hooks::is_detected<page_table_field, Params>;
+
 /**
  * The traits of one kernel: kMinCtasLean CTAs an SM for the lean kernels (a softmax variant
  * without MaskBounds, over dense K/V), kMinCtas for the others, whose extra state did not fit
  * the lean count's registers. The kernel, its launch and the workspace query (launch.cuh) name
  * this one alias, so they agree on the plan.
  */
-template <typename Params, typename = void>
-struct has_page_table : std::false_type {};
-template <typename Params>
-struct has_page_table<Params, std::void_t<decltype(std::declval<Params&>().kv_indices)>>
-    : std::true_type {};
-
 template <int HEAD_DIM, typename Variant, typename Params>
 constexpr int min_ctas() {
   constexpr bool kLean = Variant::use_softmax && !has_mask_bounds<Variant, Params>::value &&
@@ -133,11 +77,6 @@ constexpr int min_ctas() {
 
 template <int HEAD_DIM, typename Variant, typename Params>
 using PrefillTraitsFor = PrefillTraits<HEAD_DIM, min_ctas<HEAD_DIM, Variant, Params>()>;
-
-/** Minimum kv chunk (in kv tiles) a split-KV unit gets. */
-#ifndef FLASHGEN_PREFILL_MIN_CHUNK_TILES
-#define FLASHGEN_PREFILL_MIN_CHUNK_TILES 4
-#endif
 
 __host__ __device__ __forceinline__ constexpr int64_t ceil_div64(int64_t a, int64_t b) {
   return (a + b - 1) / b;
