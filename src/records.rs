@@ -141,21 +141,37 @@ pub struct ModuleRow {
     /// `modules.<m>.archs`: the only architectures the module is built for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arch_limit: Option<Vec<String>>,
-    /// With a `backend` axis: its values in order of preference, each with the architectures
-    /// its instances are limited to and the compute capabilities those run on. The loader picks
-    /// the first row whose `runs_on` admits the device (null: any device), so the rule and the
-    /// arch knowledge stay here.
+    /// With a `backend` axis: the binary's choice of one per device, and its refusals
+    /// (`commands::choice`), which the loader reads instead of deciding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backends: Option<BackendTable>,
 }
 
-/// The choice among a module's implementations (`describe`'s `modules.<m>.backends`).
+/// The choice among a module's implementations (`describe`'s `modules.<m>.backends`), as
+/// `commands::choice` decides it: the loader reads the choice and its refusals from here.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackendTable {
     /// The axis that holds them (`backend`).
     pub axis: String,
     /// In the order of preference variants.json declares.
     pub order: Vec<BackendRow>,
+    /// Every compute capability the binary accepts (1.0 to 99.9), in ranges, with the
+    /// backends a GPU of that range runs, in order of preference: the first is its choice.
+    pub by_device: Vec<DeviceRow>,
+    /// Refusal of a value that is not a backend (template: `{value}`).
+    pub unknown: String,
+    /// Refusal when no backend runs on the device (template: `{cc}`).
+    pub none_runs: String,
+    /// What a refusal of a named backend adds: how to get the device's choice.
+    pub hint: String,
+}
+
+impl BackendTable {
+    /// The row of `by_device` that holds `cc`.
+    pub fn device(&self, cc: crate::arch::Capability) -> Option<&DeviceRow> {
+        let cc = [cc.major, cc.minor];
+        self.by_device.iter().find(|d| d.min <= cc && cc <= d.max)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -165,6 +181,19 @@ pub struct BackendRow {
     pub arch_limit: Option<Vec<String>>,
     /// The compute capabilities those run on; null: any (the JIT builds for the device).
     pub runs_on: Option<Vec<RunsOn>>,
+    /// Its refusal on a device it does not run on (template: `{cc}`, `{supports}`, the
+    /// latter from the device's `by_device` row); null without an arch limit (it runs on any).
+    pub refused: Option<String>,
+}
+
+/// The backends GPUs of compute capability `min..=max` run, in order of preference.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    pub min: [u32; 2],
+    pub max: [u32; 2],
+    pub backends: Vec<String>,
+    /// What the refusal of a backend says these devices do run.
+    pub supports: String,
 }
 
 /// One row of the variant parameter type table (`param_types`).

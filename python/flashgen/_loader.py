@@ -2,9 +2,9 @@
 device, else the one the bundled ``flashgen`` binary finds in, or builds into, its cache.
 
 Python holds no build policy. Which architectures a precompiled file runs on is data the build
-wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes is
-the first of ``describe``'s ``backends`` (in the order variants.json declares) whose ``runs_on``
-admits it; where the cache lives, how it is keyed, what the JIT builds
+wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes, and
+the refusal of one it cannot run, is read from ``describe``'s ``backends`` table (the binary's
+choice per range of compute capabilities, ``Matrix.with_backend``); where the cache lives, how it is keyed, what the JIT builds
 for a device, locking and verification belong to the binary, which the JIT path runs as
 ``flashgen jit`` and which answers with the verified object's path and sha256. Either way the
 loader reads the file once, checks it (``_verify``) and loads those very bytes. AOT hits spawn
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from . import _cuda, _install, _runtime
 from ._errors import CompileError, FlashgenError, JITDisabledError
-from ._matrix import Instance, admits, format_value, matrix
+from ._matrix import Instance, format_value, matrix
 from ._variant import Variant
 from ._verify import UntrustedFileError, loadable_path, read_checked
 
@@ -156,7 +156,14 @@ def _load(module: str, params: dict[str, Any], variant: Variant | None, cc: tupl
     return loaded
 
 
-_runs_on = admits  # the manifest's rows are read as describe's are
+def _runs_on(rows: Any, cc: tuple[int, int]) -> bool:
+    """Whether ``runs_on`` rows (``{"target", "min", "max"}``, which the build wrote into the
+    manifest per file) admit a GPU of compute capability ``cc``."""
+    for row in rows or ():
+        lo, hi = row.get("min"), row.get("max")
+        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
+            return True
+    return False
 
 
 def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:

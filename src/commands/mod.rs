@@ -2,6 +2,7 @@
 
 mod build;
 mod build_wheel;
+mod choice;
 mod clean;
 mod describe;
 mod doctor;

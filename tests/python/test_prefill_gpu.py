@@ -836,9 +836,9 @@ def agree_cases() -> list[dict[str, Any]]:
 def _backends_here(module: str) -> list[str]:
     from flashgen import _loader, _matrix
 
-    mod = _matrix.matrix().module(module)
-    cc = _loader.device_capability()
-    return [b.name for b in mod.backends if b.runs_on_device(cc)]
+    table = _matrix.matrix().module(module).backends
+    row = table.device(_loader.device_capability()) if table is not None else None
+    return list(row.backends) if row is not None else []
 
 
 @pytest.mark.parametrize("case", [dict(c, backend=None, both_backends=True) for c in agree_cases()], ids=case_id)
