@@ -259,14 +259,12 @@ def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, fields: Mapp
     hit = _ws_sizes.get(key)
     if hit is not None:
         return hit
-    from ._kernels import args_struct
+    from ._kernels import StatusError, args_struct
 
     try:
         n = _ws_sizes[key] = int(loaded.kernels.workspace_size(module, args_struct(module)(**fields)))
         return n
-    except RuntimeError as exc:
-        if getattr(exc, "status", None) is None:
-            raise
+    except StatusError as exc:
         raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
 
 

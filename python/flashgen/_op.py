@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from . import _common as C
 from . import _cuda
 from ._errors import KernelError
-from ._kernels import FlashgenError, args_decl, args_struct, call_fields
+from ._kernels import StatusError, args_decl, args_struct, call_fields, entry_name
 from ._matrix import matrix
 from ._tensor import Tensor, allocator_for, describe, torch_tensor_type
 from ._variant import ParamPacker, Variant
@@ -241,7 +241,7 @@ class Plan:
 
     def _fail(self, status: int) -> None:
         kern = self.loaded.kernels
-        exc = FlashgenError(status, f"flashgen_{self.module}", kern.last_error(), kern.path)
+        exc = StatusError(status, entry_name("kernel", self.module), kern.last_error(), kern.path)
         raise KernelError(f"{self.what} ({self.loaded.uri}): {exc}") from None
 
 

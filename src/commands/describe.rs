@@ -4,12 +4,17 @@ use crate::arch::Arch;
 use crate::c_ident;
 use crate::matrix::Matrix;
 use crate::param_types;
-use crate::records::{AxisRow, Describe, ModuleRow, VariantRow};
+use crate::records::{AxisRow, Describe, ModuleRow, VariantRow, WheelData, LAYOUT};
 use anyhow::Result;
 
 pub fn describe(matrix: &Matrix) -> Describe {
     Describe {
         flashgen_version: env!("CARGO_PKG_VERSION").into(),
+        abi: crate::records::abi(),
+        wheel: WheelData {
+            layout: LAYOUT,
+            metadata: crate::records::package_metadata(),
+        },
         archs: matrix.archs.clone(),
         variants: matrix
             .variants
@@ -48,6 +53,7 @@ pub fn describe(matrix: &Matrix) -> Describe {
                 let row = ModuleRow {
                     source: m.source.clone(),
                     entry_points: m.entry_points.clone(),
+                    args_struct: crate::codegen::args_struct_name(&m.name),
                     args: m.args.clone(),
                     axes,
                     arch_limit: m.arch_limit.as_deref().map(spelled),

@@ -69,7 +69,8 @@ impl ConfigSource {
         }
         if !Path::new(LOCAL).exists() {
             let bundled = std::env::current_exe().ok().and_then(|exe| {
-                let p = exe.parent()?.parent()?.join("_src").join(LOCAL);
+                let layout = crate::records::LAYOUT;
+                let p = layout.package_of_binary(&exe)?.join(layout.variants);
                 p.is_file().then_some(p)
             });
             if let Some(path) = bundled {

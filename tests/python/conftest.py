@@ -320,11 +320,25 @@ def _fill_fake_instances() -> None:
 _fill_fake_instances()
 
 
+@pytest.fixture(scope="session")
+def described(flashgen_bin: Path) -> dict[str, Any]:
+    """The repository's ``flashgen describe --json``."""
+    proc = subprocess.run([str(flashgen_bin), "--config", str(REPO / "variants.json"), "describe", "--json"],
+                          capture_output=True, text=True, check=True)
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
 @pytest.fixture
-def fake_matrix(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Make the in-process flashgen read FAKE_MATRIX instead of asking a binary."""
+def fake_matrix(monkeypatch: pytest.MonkeyPatch, described: dict[str, Any]) -> dict[str, Any]:
+    """Make the in-process flashgen read FAKE_MATRIX instead of asking a binary (its C ABI and
+    wheel layout are the binary's)."""
     from flashgen import _install, _matrix
 
+    for key in ("abi", "wheel"):
+        FAKE_MATRIX[key] = described[key]
+    for mod, spec in FAKE_MATRIX["modules"].items():
+        spec["args_struct"] = described["modules"][mod]["args_struct"]
     _matrix._reset_for_tests()
     monkeypatch.setattr(_install, "_matrix_cache", FAKE_MATRIX)
     return FAKE_MATRIX

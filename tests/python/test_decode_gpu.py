@@ -32,7 +32,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from flashgen._kernels import (  # noqa: E402
-    BatchDecodeArgs, FlashgenError, KernelLibrary, SingleDecodeArgs, params_struct)
+    BatchDecodeArgs, KernelLibrary, SingleDecodeArgs, params_struct)
+from flashgen import FlashgenError  # noqa: E402
 
 SO_DIR = os.environ.get("FLASHGEN_TEST_SO_DIR")
 if not SO_DIR:
