@@ -334,6 +334,12 @@ pub struct WheelData {
     pub metadata: PackageMetadata,
 }
 
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityRange {
+    pub min: [u32; 2],
+    pub max: [u32; 2],
+}
+
 /// `describe --json`: what the loader needs about the matrix.
 #[derive(Debug, Clone, Serialize)]
 pub struct Describe {
@@ -342,6 +348,9 @@ pub struct Describe {
     pub abi: Abi,
     /// The installed wheel's layout and metadata.
     pub wheel: WheelData,
+    /// The compute capabilities the binary accepts (`--device-cc`; the loader's
+    /// `FLASHGEN_DEVICE_CC`): `MAJOR.MINOR` in ASCII digits, from `min` to `max`.
+    pub capabilities: CapabilityRange,
     pub archs: Vec<String>,
     pub variants: IndexMap<String, VariantRow>,
     /// The one table of variant parameter types; the loader builds its ctypes structs from it.

@@ -36,7 +36,6 @@ __all__ = [
     "aot_rows",
     "kernel_packages",
     "shipped_uris",
-    "build_target",
     "select_uris",
 ]
 
@@ -288,15 +287,6 @@ def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
 def shipped_uris() -> set[str]:
     """The URIs this installation has precompiled code of, in any of its packages."""
     return set(_rows_index())
-
-
-def build_target() -> str | None:
-    """The glibc target the wheel was built for (the manifest's ``manylinux``, e.g. ``"2_17"``:
-    its host code was compiled by zig for that glibc), or None (the system's g++, or a source
-    checkout). The JIT passes it on as ``--manylinux``."""
-    manifest = aot_manifest()
-    target = manifest.get("manylinux") if manifest else None
-    return target if isinstance(target, str) and target else None
 
 
 def aot_dir() -> Path:

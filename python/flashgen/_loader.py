@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -96,16 +95,36 @@ def device_capability(device: int | None = None) -> tuple[int, int]:
     driver's answer for ``device`` (default 0)."""
     env = os.environ.get("FLASHGEN_DEVICE_CC", "").strip()
     if env:
-        # ASCII digits only: str.isdigit() also admits "²" (which int() refuses) and other
-        # scripts' digits (which int() reads: "٩.٠" would pass for 9.0), as the binary does not.
-        match = re.fullmatch(r"([1-9][0-9]?)\.([0-9])", env)
-        if match is None:
+        cc = parse_capability(env)
+        if cc is None:
             raise ValueError(
                 f"FLASHGEN_DEVICE_CC={env!r} is not a compute capability: write MAJOR.MINOR in "
                 "ASCII digits, e.g. 9.0, or unset it to use the GPU's"
             )
-        return int(match.group(1)), int(match.group(2))
+        return cc
     return _cuda.compute_capability(device or 0)
+
+
+def parse_capability(text: str) -> tuple[int, int] | None:
+    """``MAJOR.MINOR`` as the binary's ``--device-cc`` reads it: ASCII digits (``str.isdigit()``
+    would also take "²" and other scripts' digits), each part within the binary's range
+    (``describe``'s ``capabilities``: major from ``min[0]`` to ``max[0]``, minor likewise)."""
+    major, dot, minor = text.strip().partition(".")
+    if not dot or not _ascii_digits(major) or not _ascii_digits(minor):
+        return None
+    bounds = _capabilities()
+    cc = int(major), int(minor)
+    ok = all(lo <= v <= hi for v, lo, hi in zip(cc, bounds["min"], bounds["max"]))
+    return cc if ok else None
+
+
+def _ascii_digits(text: str) -> bool:
+    return bool(text) and all("0" <= c <= "9" for c in text)
+
+
+def _capabilities() -> Mapping[str, Any]:
+    caps: Mapping[str, Any] = _install.matrix_json()["capabilities"]
+    return caps
 
 
 def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
@@ -219,11 +238,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
            "--device-cc", f"{cc[0]}.{cc[1]}", "--module", module]
     for k, v in params.items():
         cmd += ["--where", f"{k}={format_value(v)}"]
-    target = _install.build_target()
-    if target is not None and not os.environ.get("FLASHGEN_MANYLINUX", "").strip():
-        # The wheel's kernels were built by zig for this glibc: build the missing ones the same
-        # way, so that the JIT gives the bytes the wheel would (FLASHGEN_MANYLINUX overrides).
-        cmd += ["--manylinux", target]
+    # The glibc target (FLASHGEN_MANYLINUX, else the wheel's) is the binary's to choose.
     env = dict(os.environ)
     # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
     env.setdefault("FLASHGEN_PYTHON", sys.executable)

@@ -15,9 +15,12 @@ use crate::arch::{self, Capability};
 use crate::matrix::Module;
 use crate::records::{BackendRow, BackendTable, DeviceRow};
 
-/// Every compute capability `Capability::parse` accepts, in order.
-fn capabilities() -> impl Iterator<Item = Capability> {
-    (1..=99).flat_map(|major| (0..=9).map(move |minor| Capability { major, minor }))
+/// Every compute capability `Capability::parse` accepts, in order (asked of the parser, so that
+/// the range is stated there only).
+pub fn capabilities() -> impl Iterator<Item = Capability> {
+    (0..=100)
+        .flat_map(|major| (0..=10).map(move |minor| format!("{major}.{minor}")))
+        .filter_map(|text| Capability::parse(&text, "").ok())
 }
 
 /// The values (indices into the backend axis) that run on a GPU of `cc`, in order of

@@ -4,7 +4,9 @@ use crate::arch::Arch;
 use crate::c_ident;
 use crate::matrix::Matrix;
 use crate::param_types;
-use crate::records::{AxisRow, Describe, ModuleRow, VariantRow, WheelData, LAYOUT};
+use crate::records::{
+    AxisRow, CapabilityRange, Describe, ModuleRow, VariantRow, WheelData, LAYOUT,
+};
 use anyhow::Result;
 
 pub fn describe(matrix: &Matrix) -> Describe {
@@ -14,6 +16,14 @@ pub fn describe(matrix: &Matrix) -> Describe {
         wheel: WheelData {
             layout: LAYOUT,
             metadata: crate::records::package_metadata(),
+        },
+        capabilities: {
+            let all: Vec<_> = super::choice::capabilities().collect();
+            let (first, last) = (all[0], all[all.len() - 1]);
+            CapabilityRange {
+                min: [first.major, first.minor],
+                max: [last.major, last.minor],
+            }
         },
         archs: matrix.archs.clone(),
         variants: matrix

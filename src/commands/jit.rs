@@ -123,6 +123,37 @@ fn cannot_run(matrix: &Matrix, inst: &Instance, cc: Capability) -> anyhow::Error
         .into()
 }
 
+/// The glibc target of a JIT build, by the one precedence there is: `--manylinux`, else
+/// `FLASHGEN_MANYLINUX` (`off`: the system's g++), else the target of the installed wheel whose
+/// variants.json this is (its manifest's `manylinux`: the JIT then builds the bytes the wheel
+/// would), else the system's g++. The loader passes none of them.
+fn jit_target(matrix: &Matrix, cli: Option<&str>) -> Result<Option<Glibc>> {
+    let env_set =
+        std::env::var(crate::manylinux::MANYLINUX_ENV).is_ok_and(|v| !v.trim().is_empty());
+    if cli.is_some() || env_set {
+        return Glibc::resolve(cli);
+    }
+    let layout = crate::records::LAYOUT;
+    let config = &matrix.config_path;
+    if !config.ends_with(layout.variants) {
+        return Ok(None);
+    }
+    let depth = std::path::Path::new(layout.variants).components().count();
+    let Some(package) = config.ancestors().nth(depth) else {
+        return Ok(None);
+    };
+    let manifest = package.join(layout.manifest);
+    let Ok(bytes) = std::fs::read(&manifest) else {
+        return Ok(None);
+    };
+    let shipped: crate::records::Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", manifest.display()))?;
+    shipped
+        .manylinux
+        .map(|t| Glibc::parse(&t, &format!("{} manylinux", manifest.display())))
+        .transpose()
+}
+
 /// The variable by which the loader names itself (its pid) to the `jit` it starts.
 pub const PARENT_PID_ENV: &str = "FLASHGEN_PARENT_PID";
 
@@ -164,7 +195,7 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         }
     };
     let launcher = Launcher::resolve(args.device.launcher.as_deref())?;
-    let target = Glibc::resolve(args.device.manylinux.as_deref())?;
+    let target = jit_target(matrix, args.device.manylinux.as_deref())?;
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
     let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);

@@ -335,7 +335,7 @@ def fake_matrix(monkeypatch: pytest.MonkeyPatch, described: dict[str, Any]) -> d
     wheel layout are the binary's)."""
     from flashgen import _install, _matrix
 
-    for key in ("abi", "wheel"):
+    for key in ("abi", "wheel", "capabilities"):
         FAKE_MATRIX[key] = described[key]
     for mod, spec in FAKE_MATRIX["modules"].items():
         spec["args_struct"] = described["modules"][mod]["args_struct"]

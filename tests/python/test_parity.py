@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.parser
 import importlib.util
 import json
+import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,25 @@ def test_the_pep517_backend_writes_the_binarys_metadata(described: dict[str, Any
     pkg_info = email.parser.Parser().parsestr(backend._pkg_info(metadata["version"]))
     assert pkg_info["Requires-Python"] == metadata["requires_python"]
     assert pkg_info["Name"] == metadata["name"] and pkg_info["Summary"] == metadata["summary"]
+
+
+SPELLINGS = ["9.0", "8.6", "1.0", "99.9", " 9.0 ", "09.0", "9.00", "0.9", "100.0", "9.10", "86", "sm_86", "8.x",
+             "9.0a", "9.", ".9", "9.0.1", "-9.0", "+9.0", "9,0", "².0", "٩.٠", ""]
+
+
+def test_a_capability_is_read_as_the_binary_reads_it(flashgen_bin: Path, build_env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    """FLASHGEN_DEVICE_CC's grammar is --device-cc's: the same spellings are taken, as the same
+    capability (the binary's answer names the arch it would build for it)."""
+    from flashgen import _loader
+
+    env = dict(build_env, FLASHGEN_CACHE_DIR=str(tmp_path / "cache"))
+    for text in SPELLINGS:
+        proc = subprocess.run([str(flashgen_bin), "--config", str(REPO / "tests" / "fixtures" / "backend" / "variants.json"),
+                               "jit", "--device-cc", text, "--no-compile", "--module", "kern",
+                               "--where", "width=64", "--where", "backend=portable"],
+                              capture_output=True, text=True, env=env)
+        cc = _loader.parse_capability(text)
+        assert (proc.returncode == 0) == (cc is not None), (text, proc.stderr)
+        if cc is not None:
+            assert json.loads(proc.stdout)["arch"].startswith(f"{cc[0]}.{cc[1]}"), (text, proc.stdout)
