@@ -272,7 +272,4 @@ def _reset_for_tests() -> None:
     _packers.clear()
     _instances.clear()
     _ws_sizes.clear()
-    from . import _op
-
-    _op._reset_for_tests()
     WORKSPACES.clear()

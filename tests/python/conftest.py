@@ -58,7 +58,8 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.setenv("FLASHGEN_DISABLE_JIT", "1")
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
-    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._variant"):
+    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._op",
+                 "flashgen._variant"):
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
