@@ -21,7 +21,7 @@ from ._variant import ParamPacker, Variant
 
 __all__ = [
     "KV_LAYOUTS", "read_tensors", "check_dtypes", "check_last_dim_contiguous", "check_layout",
-    "resolve_variant", "instance_for", "Workspaces", "default_sm_scale", "launch",
+    "resolve_variant", "instance_for", "Workspaces", "default_sm_scale",
 ]
 
 KV_LAYOUTS = ("NHD", "HND")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import c_char_p, c_int, c_int64, c_void_p
-from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Sequence, Tuple, cast
 
 from ._errors import KernelError
 
@@ -76,7 +76,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_structs: Dict[str, type] = {}
+_structs: Dict[str, type[ctypes.Structure]] = {}
 
 
 def _field_ctype(c_type: str) -> Any:
@@ -97,7 +97,7 @@ def args_decl(module: str) -> Dict[str, Any]:
     return decl
 
 
-def args_struct(module: str) -> type:
+def args_struct(module: str) -> type[ctypes.Structure]:
     """The ctypes mirror of ``module``'s generated arguments struct (``Flashgen<Module>Args``):
     the declared fields, types and order, natural C alignment as the host compiler lays it out."""
     st = _structs.get(module)
@@ -107,7 +107,8 @@ def args_struct(module: str) -> type:
         from ._install import matrix_json
 
         name = str(matrix_json()["modules"][module]["args_struct"])  # the binary's C name
-        st = type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"{name} (generated)"})
+        st = cast("type[ctypes.Structure]",
+                  type(name, (ctypes.Structure,), {"_fields_": fields, "__doc__": f"{name} (generated)"}))
         calls = [f["name"] for f in decl["call"]]
         got = [(getattr(st, n).offset, getattr(st, n).size) for n in calls]
         if got != [(8 * i, 8) for i in range(len(got))]:  # pragma: no cover - a 32-bit platform

@@ -4,8 +4,8 @@ device, else the one the bundled ``flashgen`` binary finds in, or builds into, i
 Python holds no build policy. Which architectures a precompiled file runs on is data the build
 wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes, and
 the refusal of one it cannot run, is read from ``describe``'s ``backends`` table (the binary's
-choice per range of compute capabilities, ``Matrix.with_backend``); where the cache lives, how it is keyed, what the JIT builds
-for a device, locking and verification belong to the binary, which the JIT path runs as
+choice per range of compute capabilities, ``Matrix.with_backend``); where the cache lives, how
+it is keyed, what the JIT builds for a device, locking and verification belong to the binary, which the JIT path runs as
 ``flashgen jit`` and which answers with the verified object's path and sha256. Either way the
 loader reads the file once, checks it (``_verify``) and loads those very bytes. AOT hits spawn
 nothing; loaded instances are memoized per process.

@@ -78,8 +78,7 @@ def _site_folders() -> list[Path]:
         folders.append(Path(site.getusersitepackages()))
     except Exception:  # pragma: no cover - site without a user folder
         pass
-    seen: set[Path] = set()
-    return [f for f in folders if not (f in seen or seen.add(f))]
+    return list(dict.fromkeys(folders))  # each once, in order
 
 
 def _package_candidates(soname: str) -> list[Path]:

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -240,10 +239,11 @@ class FakeCudaTensor:
         return _capsule_new(ctypes.addressof(self._managed), b"dltensor", None)
 '''
 exec(FAKE_TENSOR_SRC)  # defines FakeCudaTensor here; test_wheel runs the same text in a bare venv
+FakeCudaTensor: type = globals()["FakeCudaTensor"]
 
 
 @pytest.fixture
-def fake_tensor() -> type[FakeCudaTensor]:
+def fake_tensor() -> type:
     return FakeCudaTensor
 
 

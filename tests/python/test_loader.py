@@ -8,7 +8,6 @@ custom variant, and AOT/JIT byte parity.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import math
 import json
