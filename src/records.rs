@@ -332,6 +332,8 @@ pub fn package_metadata() -> PackageMetadata {
 pub struct WheelData {
     pub layout: Layout,
     pub metadata: PackageMetadata,
+    /// CUDA major -> the requirement of its shared runtime (`nvidia-cuda-runtime==13.*`).
+    pub runtime_requirements: IndexMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

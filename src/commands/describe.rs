@@ -16,6 +16,7 @@ pub fn describe(matrix: &Matrix) -> Describe {
         wheel: WheelData {
             layout: LAYOUT,
             metadata: crate::records::package_metadata(),
+            runtime_requirements: crate::cuda_packages::runtime_requirements(),
         },
         capabilities: {
             let all: Vec<_> = super::choice::capabilities().collect();

@@ -89,6 +89,9 @@ def test_the_wheel_is_laid_out_as_the_binary_says(described: dict[str, Any], whe
         assert meta[field] == metadata[key], field
     extras = meta.get_all("Provides-Extra") or []
     assert metadata["jit_extra"] in extras, extras
+    # The runtime requirement the wheel declares is the one the loader names when it is missing.
+    requires = meta.get_all("Requires-Dist") or []
+    assert [r for r in described["wheel"]["runtime_requirements"].values() if r in requires], requires
 
 
 def test_the_pep517_backend_writes_the_binarys_metadata(described: dict[str, Any]) -> None:
