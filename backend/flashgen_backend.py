@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-# The package metadata that does not depend on a build, as the binary states it
-# (src/records.rs `package_metadata`; a Rust test keeps this copy equal to it, so that an sdist
-# needs no Rust toolchain): name, version, summary, license, requires_python, ...
-METADATA: Dict[str, str] = json.loads((Path(__file__).resolve().parent / "metadata.json").read_text())
+# The package metadata that does not depend on a build, and what a wheel packs of a folder, as
+# the binary states them (src/records.rs `BackendData`; a Rust test keeps this copy equal to it,
+# so that an sdist needs no Rust toolchain).
+_DATA: Dict[str, Any] = json.loads((Path(__file__).resolve().parent / "metadata.json").read_text())
+METADATA: Dict[str, str] = _DATA["metadata"]  # name, version, summary, license, requires_python, ...
+TREE: Dict[str, Any] = _DATA["tree"]  # skip_names, skip_prefixes, skip_suffixes, min_epoch
 NAME = METADATA["name"]
 
 # What an sdist holds: enough to build the binary (Cargo.toml, Cargo.lock, src/) and the wheel
@@ -45,7 +47,7 @@ NAME = METADATA["name"]
 SDIST_ROOTS = ("pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "DEVELOPERS.md", "LICENSE",
                "variants.json", "backend", "src", "csrc", "include", "python")
 # 1980-01-01T00:00:00Z: the wheel writer's time when SOURCE_DATE_EPOCH is unset.
-DEFAULT_EPOCH = 315532800
+DEFAULT_EPOCH: int = TREE["min_epoch"]
 
 __all__ = ["get_requires_for_build_wheel", "get_requires_for_build_sdist", "build_wheel", "build_sdist"]
 
@@ -193,12 +195,18 @@ def _tree(folder: Path) -> List[Path]:
     leads out of ``folder`` is refused (as ``_read_inside`` refuses such a file)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        dirnames[:] = [d for d in dirnames if not _skipped(d)]
         for d in dirnames:
             if (Path(dirpath) / d).is_symlink():
                 _check_link(Path(dirpath) / d, folder)
-        out += [Path(dirpath) / f for f in filenames if not f.startswith(".") and not f.endswith(".pyc")]
+        out += [Path(dirpath) / f for f in filenames if not _skipped(f)]
     return out
+
+
+def _skipped(name: str) -> bool:
+    """Whether the wheel writer leaves out a file or folder of this name (``TREE``)."""
+    return (name in TREE["skip_names"] or name.startswith(tuple(TREE["skip_prefixes"]))
+            or name.endswith(tuple(TREE["skip_suffixes"])))
 
 
 def _check_link(path: Path, top: Path) -> Path:

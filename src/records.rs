@@ -297,8 +297,8 @@ pub const ALL_KERNELS_EXTRA: &str = "all";
 pub const REQUIRES_PYTHON: &str = ">=3.9";
 
 /// The package metadata that does not depend on a build: the wheel's METADATA starts from it,
-/// and the PEP 517 backend writes the sdist's PKG-INFO from it (`backend/metadata.json`, which a
-/// test keeps equal to this).
+/// and the PEP 517 backend writes the sdist's PKG-INFO from it (`backend/metadata.json`'s
+/// `metadata`, which a test keeps equal to this).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PackageMetadata {
     pub name: String,
@@ -327,6 +327,52 @@ pub fn package_metadata() -> PackageMetadata {
     }
 }
 
+/// What a wheel or an sdist packs of a source folder (bytecode caches and dot files left out),
+/// and the time its entries carry when `SOURCE_DATE_EPOCH` is unset or earlier (zip's first).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeRules {
+    /// Folders and files of these names are left out.
+    pub skip_names: Vec<String>,
+    /// Names that start with one of these are left out.
+    pub skip_prefixes: Vec<String>,
+    /// Names that end with one of these are left out.
+    pub skip_suffixes: Vec<String>,
+    /// Seconds since 1970 (1980-01-01T00:00:00Z).
+    pub min_epoch: u64,
+}
+
+impl TreeRules {
+    /// Whether a file or folder named `name` is left out.
+    pub fn skips(&self, name: &str) -> bool {
+        self.skip_names.iter().any(|n| n == name)
+            || self
+                .skip_prefixes
+                .iter()
+                .any(|p| name.starts_with(p.as_str()))
+            || self
+                .skip_suffixes
+                .iter()
+                .any(|s| name.ends_with(s.as_str()))
+    }
+}
+
+pub fn tree_rules() -> TreeRules {
+    TreeRules {
+        skip_names: vec!["__pycache__".into()],
+        skip_prefixes: vec![".".into()],
+        skip_suffixes: vec![".pyc".into()],
+        min_epoch: crate::wheel::ZIP_EPOCH,
+    }
+}
+
+/// What the PEP 517 backend reads (`backend/metadata.json`, a copy a test keeps equal to this):
+/// it writes an sdist without Rust.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendData {
+    pub metadata: PackageMetadata,
+    pub tree: TreeRules,
+}
+
 /// `describe`'s `wheel`: how an installed wheel is laid out, and its metadata.
 #[derive(Debug, Clone, Serialize)]
 pub struct WheelData {
@@ -334,6 +380,8 @@ pub struct WheelData {
     pub metadata: PackageMetadata,
     /// CUDA major -> the requirement of its shared runtime (`nvidia-cuda-runtime==13.*`).
     pub runtime_requirements: IndexMap<String, String>,
+    /// What the wheel (and the sdist) packs of a source folder.
+    pub tree: TreeRules,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -436,12 +484,16 @@ mod tests {
         }
     }
 
-    /// The PEP 517 backend's copy of the metadata (it needs no Rust to write an sdist).
+    /// The PEP 517 backend's copy of the metadata and tree rules (it needs no Rust to write an
+    /// sdist).
     #[test]
     fn backend_metadata_json_agrees() {
-        let shipped: PackageMetadata =
+        let shipped: BackendData =
             serde_json::from_str(include_str!("../backend/metadata.json")).unwrap();
-        let expected = package_metadata();
+        let expected = BackendData {
+            metadata: package_metadata(),
+            tree: tree_rules(),
+        };
         assert_eq!(
             shipped,
             expected,

@@ -564,9 +564,10 @@ fn collect_tree_in(top: &Path, dir: &Path, prefix: &str, out: &mut Vec<Snapshot>
         .with_context(|| format!("cannot read {}", dir.display()))?
         .collect::<std::io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
+    let rules = crate::records::tree_rules();
     for e in entries {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name == "__pycache__" || name.ends_with(".pyc") || name.starts_with('.') {
+        if rules.skips(&name) {
             continue;
         }
         let path = e.path();

@@ -17,6 +17,7 @@ pub fn describe(matrix: &Matrix) -> Describe {
             layout: LAYOUT,
             metadata: crate::records::package_metadata(),
             runtime_requirements: crate::cuda_packages::runtime_requirements(),
+            tree: crate::records::tree_rules(),
         },
         capabilities: {
             let all: Vec<_> = super::choice::capabilities().collect();

@@ -102,7 +102,18 @@ def test_the_pep517_backend_writes_the_binarys_metadata(described: dict[str, Any
     spec.loader.exec_module(backend)
     metadata = described["wheel"]["metadata"]
     assert backend.METADATA == metadata
-    assert json.loads((REPO / "backend" / "metadata.json").read_text()) == metadata
+    assert json.loads((REPO / "backend" / "metadata.json").read_text()) == {"metadata": metadata,
+                                                                          "tree": described["wheel"]["tree"]}
+    # The sdist leaves out what the wheel writer leaves out, and starts time where it does.
+    tree = described["wheel"]["tree"]
+    assert backend.DEFAULT_EPOCH == tree["min_epoch"]
+    for name in tree["skip_names"]:
+        assert backend._skipped(name)
+    for prefix in tree["skip_prefixes"]:
+        assert backend._skipped(prefix + "x") and not backend._skipped("x" + prefix)
+    for suffix in tree["skip_suffixes"]:
+        assert backend._skipped("x" + suffix)
+    assert not backend._skipped("x.py")
     pkg_info = email.parser.Parser().parsestr(backend._pkg_info(metadata["version"]))
     assert pkg_info["Requires-Python"] == metadata["requires_python"]
     assert pkg_info["Name"] == metadata["name"] and pkg_info["Summary"] == metadata["summary"]
