@@ -24,7 +24,6 @@ import gzip
 import io
 import json
 import os
-import re
 import shlex
 import stat
 import subprocess
@@ -35,14 +34,20 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME = "flashgen"
+# The package metadata that does not depend on a build, and what a wheel packs of a folder, as
+# the binary states them (src/records.rs `BackendData`; a Rust test keeps this copy equal to it,
+# so that an sdist needs no Rust toolchain).
+_DATA: Dict[str, Any] = json.loads((Path(__file__).resolve().parent / "metadata.json").read_text())
+METADATA: Dict[str, str] = _DATA["metadata"]  # name, version, summary, license, requires_python, ...
+TREE: Dict[str, Any] = _DATA["tree"]  # skip_names, skip_prefixes, skip_suffixes, min_epoch
+NAME = METADATA["name"]
 
 # What an sdist holds: enough to build the binary (Cargo.toml, Cargo.lock, src/) and the wheel
 # (the kernel tree, variants.json, the Python package), and this backend.
 SDIST_ROOTS = ("pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "DEVELOPERS.md", "LICENSE",
                "variants.json", "backend", "src", "csrc", "include", "python")
 # 1980-01-01T00:00:00Z: the wheel writer's time when SOURCE_DATE_EPOCH is unset.
-DEFAULT_EPOCH = 315532800
+DEFAULT_EPOCH: int = TREE["min_epoch"]
 
 __all__ = ["get_requires_for_build_wheel", "get_requires_for_build_sdist", "build_wheel", "build_sdist"]
 
@@ -89,9 +94,9 @@ def _binary() -> Path:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise SystemExit(f"FLASHGEN_BIN={env} is not an executable file")
         out = subprocess.run([str(path), "--version"], capture_output=True, text=True).stdout.split()
-        if out[-1:] != [_cargo_field("version")]:
+        if out[-1:] != [METADATA["version"]]:
             raise SystemExit(f"FLASHGEN_BIN={env} is {' '.join(out) or 'no flashgen'}, but this "
-                             f"source tree is {NAME} {_cargo_field('version')}; unset FLASHGEN_BIN")
+                             f"source tree is {NAME} {METADATA['version']}; unset FLASHGEN_BIN")
         return path
     cmd = ["cargo", "build", "--release", "--locked", "--message-format=json-render-diagnostics"]
     _log("running " + " ".join(cmd))
@@ -145,7 +150,7 @@ def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] 
     """``flashgen-<version>.tar.gz`` (PEP 625): ``flashgen-<version>/`` holding PKG-INFO and
     ``SDIST_ROOTS``. Reproducible as the wheel is: entries sorted, every time SOURCE_DATE_EPOCH
     (else 1980-01-01), owner 0, modes 0644/0755, a gzip header without name or time."""
-    version = _cargo_field("version")
+    version = METADATA["version"]
     base = f"{NAME}-{version}"
     epoch = _source_date_epoch()
     # archive name -> (bytes, executable): every file is read once, as it is checked.
@@ -190,12 +195,18 @@ def _tree(folder: Path) -> List[Path]:
     leads out of ``folder`` is refused (as ``_read_inside`` refuses such a file)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        dirnames[:] = [d for d in dirnames if not _skipped(d)]
         for d in dirnames:
             if (Path(dirpath) / d).is_symlink():
                 _check_link(Path(dirpath) / d, folder)
-        out += [Path(dirpath) / f for f in filenames if not f.startswith(".") and not f.endswith(".pyc")]
+        out += [Path(dirpath) / f for f in filenames if not _skipped(f)]
     return out
+
+
+def _skipped(name: str) -> bool:
+    """Whether the wheel writer leaves out a file or folder of this name (``TREE``)."""
+    return (name in TREE["skip_names"] or name.startswith(tuple(TREE["skip_prefixes"]))
+            or name.endswith(tuple(TREE["skip_suffixes"])))
 
 
 def _check_link(path: Path, top: Path) -> Path:
@@ -237,25 +248,13 @@ def _source_date_epoch() -> int:
     return max(int(raw), DEFAULT_EPOCH)
 
 
-def _cargo_field(key: str) -> str:
-    """A string field of Cargo.toml's [package] table (version, description, license)."""
-    section = ""
-    for line in (ROOT / "Cargo.toml").read_text().splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            section = line
-        m = re.fullmatch(rf'{key}\s*=\s*"([^"]*)"', line)
-        if section == "[package]" and m:
-            return m.group(1)
-    raise SystemExit(f"{ROOT / 'Cargo.toml'} has no [package] {key}")
-
-
 def _pkg_info(version: str) -> str:
     """Core metadata 2.2 with the fields the wheel's METADATA carries (src/wheel/metadata.rs),
     none of them dynamic: a wheel built from this sdist says the same."""
     fields = [("Metadata-Version", "2.2"), ("Name", NAME), ("Version", version),
-              ("Summary", _cargo_field("description")), ("License", _cargo_field("license")),
-              ("Requires-Python", ">=3.9"), ("Description-Content-Type", "text/markdown")]
+              ("Summary", METADATA["summary"]), ("License", METADATA["license"]),
+              ("Requires-Python", METADATA["requires_python"]),
+              ("Description-Content-Type", METADATA["readme_content_type"])]
     head = "".join(f"{k}: {v}\n" for k, v in fields)
     readme = (ROOT / "README.md").read_text()
     return head + "\n" + readme + ("" if readme.endswith("\n") else "\n")

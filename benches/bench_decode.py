@@ -15,13 +15,13 @@ import ctypes
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from _timing import Timer  # noqa: E402
 from flashgen._kernels import (  # noqa: E402
     BatchDecodeArgs, KernelLibrary, SingleDecodeArgs, params_struct)
 
@@ -51,25 +51,6 @@ def instance(libs, module, **params):
     if path not in _loaded:
         _loaded[path] = KernelLibrary(path)
     return _loaded[path], inst["codes"]
-
-
-class Timer:
-    def __init__(self, iters):
-        self.iters = iters
-        self.flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
-
-    def __call__(self, fn):
-        for _ in range(3):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
 
 
 def variant_args(variant):

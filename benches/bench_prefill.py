@@ -41,7 +41,6 @@ import json
 import math
 import os
 import random
-import statistics
 import sys
 from typing import Any, Callable
 
@@ -52,6 +51,7 @@ try:
 except ImportError:  # a source checkout: use its python/
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import flashgen
+from _timing import FLUSH_BYTES, Timer  # benches/, the script's own folder
 
 DEV = torch.device("cuda")
 # TFLOP/s goals of the single-prefill rows, (length, head_dim, causal): issue 8 (portable) and 10 (sm90).
@@ -60,29 +60,6 @@ SM90_GOALS = {(8192, 128, True): 700, (8192, 128, False): 760, (8192, 256, True)
               (1024, 128, True): 270, (32768, 128, True): 680}
 DT = torch.bfloat16
 HEADS = 32
-FLUSH_BYTES = 256 << 20
-
-
-class Timer:
-    """Median seconds of `iters` CUDA-event-timed calls, the L2 flushed before each."""
-
-    def __init__(self, iters: int) -> None:
-        self.iters = iters
-        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=DEV)
-
-    def __call__(self, fn: Callable[[], Any]) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        for s, e in zip(starts, ends):
-            self.flush_buf.zero_()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e-3
 
 
 def flops(heads: int, qo: int, kv: int, d: int, causal: bool) -> float:
@@ -104,12 +81,7 @@ def sdpa_peers(q: Any, k: Any, v: Any, causal: bool, pre: Callable[[], Any] | No
             qq, kk = (q4, k4) if pre is None else pre()
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(qq, kk, v4, is_causal=causal)
-        try:
-            fn()
-            torch.cuda.synchronize()
-            out[name] = fn
-        except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape is reported
-            out[name] = "n/a: " + (str(exc).splitlines() or [repr(exc)])[0][:70]
+        out[name] = _probe(fn, "n/a: ", 70)
     return out
 
 
@@ -126,13 +98,19 @@ def sdpa_ragged_peers(q: Any, k: Any, v: Any, offsets: Any) -> dict[str, Any]:
         def fn(backend: Any = backend) -> Any:
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(nq, nk, nv, is_causal=True)
-        try:
-            fn()
-            torch.cuda.synchronize()
-            out[name] = fn
-        except Exception as exc:  # noqa: BLE001
-            out[name] = "n/a (jagged): " + (str(exc).splitlines() or [repr(exc)])[0][:60]
+        out[name] = _probe(fn, "n/a (jagged): ", 60)
     return out
+
+
+def _probe(fn: Callable[[], Any], refused: str, width: int) -> Any:
+    """``fn`` when one call of it runs, else ``refused`` and the first ``width`` characters of
+    why (a backend that refuses the shape is reported, not fatal)."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return fn
+    except Exception as exc:  # noqa: BLE001
+        return refused + (str(exc).splitlines() or [repr(exc)])[0][:width]
 
 
 def torch_rope(q: Any, k: Any, theta: float = 1e4) -> Callable[[], tuple[Any, Any]]:
@@ -299,7 +277,8 @@ def main() -> None:
     kv_indptr = torch.tensor(pofs, dtype=torch.int32, device=DEV)
     kv_indices = perm.to(torch.int32)
     last = torch.tensor([n - (p - 1) * ps for n, p in zip(lens, npages)], dtype=torch.int32, device=DEV)
-    t_paged = timer(lambda: flashgen.batch_prefill_paged(q, indptr, cache, kv_indptr, kv_indices, last, causal=True,
+    t_paged = timer(lambda: flashgen.batch_prefill_paged(q, indptr, cache, kv_indptr, kv_indices, last,  # noqa: F821
+                                                         causal=True,
                                                          out=out, **bk["batch_prefill_paged"]))
     over = t_paged / t_ragged - 1
     table.add(f"batch_prefill_paged page {ps}, same requests", tf(t_paged, f_batch), "n/a: no paged KV", "n/a: no paged KV",

@@ -260,12 +260,16 @@ class Bench:
 
     # -- the benchmarks ----------------------------------------------------------------------
 
+    def default_setup(self, nvcc, name):
+        """The default matrix's config, a cache and an output folder of their own (``name``), the
+        environment that compiles with ``nvcc``, and the job count."""
+        cfg = self.tree / "variants.json"
+        cache, out = self.tmp / f"c-default-{name}", self.tmp / f"o-default-{name}"
+        return cfg, cache, out, self.env(nvcc, cache), str(self.args.jobs)
+
     def default_matrix_noop(self):
         log("== 1a. default matrix, all instances, no-op (cache filled by the fake compiler)")
-        cfg = self.tree / "variants.json"
-        cache, out = self.tmp / "c-default-fake", self.tmp / "o-default-fake"
-        env = self.env(self.fake_nvcc, cache)
-        jobs = str(self.args.jobs)
+        cfg, cache, out, env, jobs = self.default_setup(self.fake_nvcc, "fake")
         t_cold, text = self.run(self.fg(cfg, "build", "--out", str(out), "-j", jobs, "--json"),
                                 env, capture=True)
         s = json.loads(text)
@@ -283,10 +287,7 @@ class Bench:
 
     def default_aot_real(self):
         log("== 1b. default matrix AOT subset with the real nvcc: cold, then no-op")
-        cfg = self.tree / "variants.json"
-        cache, out = self.tmp / "c-default-real", self.tmp / "o-default-real"
-        env = self.env(self.real_nvcc, cache)
-        jobs = str(self.args.jobs)
+        cfg, cache, out, env, jobs = self.default_setup(self.real_nvcc, "real")
         argv = self.fg(cfg, "build", "--out", str(out), "-j", jobs, "--aot")
         t_cold, text = self.run(argv + ["--json"], env, capture=True)
         s = json.loads(text)

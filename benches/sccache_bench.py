@@ -21,7 +21,6 @@ the end, and the private sccache server is stopped.
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess

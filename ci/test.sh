@@ -30,6 +30,11 @@ echo "== cargo fmt / clippy" >&2
 cargo fmt --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
 
+echo "== ruff / mypy" >&2
+# Configured in pyproject.toml ([tool.ruff], [tool.mypy]: the package and the PEP 517 backend).
+"$VENV/bin/python" -m ruff check --no-cache python/flashgen backend tests/python benches
+"$VENV/bin/python" -m mypy
+
 echo "== cargo test" >&2
 cargo test --locked
 

@@ -30,6 +30,18 @@ fn package(name: &str, major: u32) -> String {
     }
 }
 
+/// The CUDA major releases whose packages this names (CUDA 12's are spelled `-cu12`).
+pub const CUDA_MAJORS: [u32; 2] = [12, 13];
+
+/// [`runtime_requirement`] of each of [`CUDA_MAJORS`], by major: what the loader tells a user
+/// to install when an instance's runtime is missing (`describe`'s `wheel.runtime_requirements`).
+pub fn runtime_requirements() -> indexmap::IndexMap<String, String> {
+    CUDA_MAJORS
+        .iter()
+        .map(|&m| (m.to_string(), runtime_requirement(m)))
+        .collect()
+}
+
 /// The requirement of the shared runtime an instance built by CUDA `major` needs: any release
 /// of that major (the runtime is compatible within it).
 pub fn runtime_requirement(major: u32) -> String {

@@ -133,6 +133,8 @@ pub struct AxisRow {
 pub struct ModuleRow {
     pub source: String,
     pub entry_points: Vec<String>,
+    /// The C name of its arguments struct (`FlashgenSingleDecodeArgs`).
+    pub args_struct: String,
     /// The declared C ABI (`call` and `shape` fields with normalized types), if any: the loader
     /// builds the arguments struct's ctypes mirror from it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,21 +143,37 @@ pub struct ModuleRow {
     /// `modules.<m>.archs`: the only architectures the module is built for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arch_limit: Option<Vec<String>>,
-    /// With a `backend` axis: its values in order of preference, each with the architectures
-    /// its instances are limited to and the compute capabilities those run on. The loader picks
-    /// the first row whose `runs_on` admits the device (null: any device), so the rule and the
-    /// arch knowledge stay here.
+    /// With a `backend` axis: the binary's choice of one per device, and its refusals
+    /// (`commands::choice`), which the loader reads instead of deciding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backends: Option<BackendTable>,
 }
 
-/// The choice among a module's implementations (`describe`'s `modules.<m>.backends`).
+/// The choice among a module's implementations (`describe`'s `modules.<m>.backends`), as
+/// `commands::choice` decides it: the loader reads the choice and its refusals from here.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackendTable {
     /// The axis that holds them (`backend`).
     pub axis: String,
     /// In the order of preference variants.json declares.
     pub order: Vec<BackendRow>,
+    /// Every compute capability the binary accepts (1.0 to 99.9), in ranges, with the
+    /// backends a GPU of that range runs, in order of preference: the first is its choice.
+    pub by_device: Vec<DeviceRow>,
+    /// Refusal of a value that is not a backend (template: `{value}`).
+    pub unknown: String,
+    /// Refusal when no backend runs on the device (template: `{cc}`).
+    pub none_runs: String,
+    /// What a refusal of a named backend adds: how to get the device's choice.
+    pub hint: String,
+}
+
+impl BackendTable {
+    /// The row of `by_device` that holds `cc`.
+    pub fn device(&self, cc: crate::arch::Capability) -> Option<&DeviceRow> {
+        let cc = [cc.major, cc.minor];
+        self.by_device.iter().find(|d| d.min <= cc && cc <= d.max)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -165,6 +183,19 @@ pub struct BackendRow {
     pub arch_limit: Option<Vec<String>>,
     /// The compute capabilities those run on; null: any (the JIT builds for the device).
     pub runs_on: Option<Vec<RunsOn>>,
+    /// Its refusal on a device it does not run on (template: `{cc}`, `{supports}`, the
+    /// latter from the device's `by_device` row); null without an arch limit (it runs on any).
+    pub refused: Option<String>,
+}
+
+/// The backends GPUs of compute capability `min..=max` run, in order of preference.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRow {
+    pub min: [u32; 2],
+    pub max: [u32; 2],
+    pub backends: Vec<String>,
+    /// What the refusal of a backend says these devices do run.
+    pub supports: String,
 }
 
 /// One row of the variant parameter type table (`param_types`).
@@ -178,10 +209,198 @@ pub struct ParamTypeRow {
     pub dtype: &'static str,
 }
 
+/// The C ABI every instance exports (`include/flashgen/abi.h`, which a test checks against
+/// this), as data: the loader binds what it names, with these status codes and names.
+#[derive(Debug, Clone, Serialize)]
+pub struct Abi {
+    /// `FLASHGEN_ABI_VERSION`, which `flashgen_abi_version()` returns.
+    pub version: u32,
+    /// `enum FlashgenStatus`: name (without `FLASHGEN_`) -> code.
+    pub status: IndexMap<&'static str, u32>,
+    /// The entry points every instance exports once, by role.
+    pub entry_points: IndexMap<&'static str, &'static str>,
+    /// Each module's entry points, by role, with `{module}` for its name.
+    pub module_entry_points: IndexMap<&'static str, &'static str>,
+}
+
+/// `FLASHGEN_ABI_VERSION` in `include/flashgen/abi.h`.
+pub const ABI_VERSION: u32 = 3;
+
+/// The one statement of the C ABI's names and codes in Rust (`abi.h` holds them for C).
+pub fn abi() -> Abi {
+    Abi {
+        version: ABI_VERSION,
+        status: [
+            ("OK", 0),
+            ("INVALID_ARGUMENT", 1),
+            ("NO_INSTANCE", 2),
+            ("WORKSPACE_TOO_SMALL", 3),
+            ("CUDA_ERROR", 4),
+        ]
+        .into_iter()
+        .collect(),
+        entry_points: [
+            ("last_error", "flashgen_last_error"),
+            ("abi_version", "flashgen_abi_version"),
+        ]
+        .into_iter()
+        .collect(),
+        module_entry_points: [
+            ("kernel", "flashgen_{module}"),
+            ("workspace_size", "flashgen_{module}_workspace_size"),
+            ("query", "flashgen_{module}_query"),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+/// Where an installed wheel keeps its files, relative to its package folder: `build-wheel`
+/// writes them there, the binary finds its sources and manifest there, and the loader reads
+/// them from `describe`'s `wheel.layout` (only `matrix`, which holds this, is written in Python
+/// as well; the parity test checks it).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Layout {
+    /// The import package (`flashgen`); a release's kernel packages hold an `aot` folder too.
+    pub package: &'static str,
+    pub binary: &'static str,
+    pub sources: &'static str,
+    pub variants: &'static str,
+    pub matrix: &'static str,
+    pub aot: &'static str,
+    pub manifest: &'static str,
+}
+
+pub const LAYOUT: Layout = Layout {
+    package: "flashgen",
+    binary: "_bin/flashgen",
+    sources: "_src",
+    variants: "_src/variants.json",
+    matrix: "_data/matrix.json",
+    aot: "_aot",
+    manifest: "_aot/manifest.json",
+};
+
+impl Layout {
+    /// The package folder of a wheel whose binary is `exe` (`<package>/_bin/flashgen`): the
+    /// folder as many levels up as the layout puts the binary down.
+    pub fn package_of_binary(&self, exe: &std::path::Path) -> Option<PathBuf> {
+        let depth = std::path::Path::new(self.binary).components().count();
+        exe.ancestors().nth(depth).map(std::path::Path::to_path_buf)
+    }
+}
+
+/// The extra that installs every kernel wheel of a release.
+pub const ALL_KERNELS_EXTRA: &str = "all";
+
+/// `Requires-Python` of every wheel and sdist.
+pub const REQUIRES_PYTHON: &str = ">=3.9";
+
+/// The package metadata that does not depend on a build: the wheel's METADATA starts from it,
+/// and the PEP 517 backend writes the sdist's PKG-INFO from it (`backend/metadata.json`'s
+/// `metadata`, which a test keeps equal to this).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PackageMetadata {
+    pub name: String,
+    pub version: String,
+    pub summary: String,
+    pub license: String,
+    pub requires_python: String,
+    /// The README's content type (the long description).
+    pub readme_content_type: String,
+    /// The extra that installs the toolchain the JIT needs.
+    pub jit_extra: String,
+    /// The extra that installs every kernel wheel of a release.
+    pub all_kernels_extra: String,
+}
+
+pub fn package_metadata() -> PackageMetadata {
+    PackageMetadata {
+        name: LAYOUT.package.into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        summary: env!("CARGO_PKG_DESCRIPTION").into(),
+        license: env!("CARGO_PKG_LICENSE").into(),
+        requires_python: REQUIRES_PYTHON.into(),
+        readme_content_type: "text/markdown".into(),
+        jit_extra: crate::cuda_packages::JIT_EXTRA.into(),
+        all_kernels_extra: ALL_KERNELS_EXTRA.into(),
+    }
+}
+
+/// What a wheel or an sdist packs of a source folder (bytecode caches and dot files left out),
+/// and the time its entries carry when `SOURCE_DATE_EPOCH` is unset or earlier (zip's first).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeRules {
+    /// Folders and files of these names are left out.
+    pub skip_names: Vec<String>,
+    /// Names that start with one of these are left out.
+    pub skip_prefixes: Vec<String>,
+    /// Names that end with one of these are left out.
+    pub skip_suffixes: Vec<String>,
+    /// Seconds since 1970 (1980-01-01T00:00:00Z).
+    pub min_epoch: u64,
+}
+
+impl TreeRules {
+    /// Whether a file or folder named `name` is left out.
+    pub fn skips(&self, name: &str) -> bool {
+        self.skip_names.iter().any(|n| n == name)
+            || self
+                .skip_prefixes
+                .iter()
+                .any(|p| name.starts_with(p.as_str()))
+            || self
+                .skip_suffixes
+                .iter()
+                .any(|s| name.ends_with(s.as_str()))
+    }
+}
+
+pub fn tree_rules() -> TreeRules {
+    TreeRules {
+        skip_names: vec!["__pycache__".into()],
+        skip_prefixes: vec![".".into()],
+        skip_suffixes: vec![".pyc".into()],
+        min_epoch: crate::wheel::ZIP_EPOCH,
+    }
+}
+
+/// What the PEP 517 backend reads (`backend/metadata.json`, a copy a test keeps equal to this):
+/// it writes an sdist without Rust.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendData {
+    pub metadata: PackageMetadata,
+    pub tree: TreeRules,
+}
+
+/// `describe`'s `wheel`: how an installed wheel is laid out, and its metadata.
+#[derive(Debug, Clone, Serialize)]
+pub struct WheelData {
+    pub layout: Layout,
+    pub metadata: PackageMetadata,
+    /// CUDA major -> the requirement of its shared runtime (`nvidia-cuda-runtime==13.*`).
+    pub runtime_requirements: IndexMap<String, String>,
+    /// What the wheel (and the sdist) packs of a source folder.
+    pub tree: TreeRules,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityRange {
+    pub min: [u32; 2],
+    pub max: [u32; 2],
+}
+
 /// `describe --json`: what the loader needs about the matrix.
 #[derive(Debug, Clone, Serialize)]
 pub struct Describe {
     pub flashgen_version: String,
+    /// The C ABI of every instance.
+    pub abi: Abi,
+    /// The installed wheel's layout and metadata.
+    pub wheel: WheelData,
+    /// The compute capabilities the binary accepts (`--device-cc`; the loader's
+    /// `FLASHGEN_DEVICE_CC`): `MAJOR.MINOR` in ASCII digits, from `min` to `max`.
+    pub capabilities: CapabilityRange,
     pub archs: Vec<String>,
     pub variants: IndexMap<String, VariantRow>,
     /// The one table of variant parameter types; the loader builds its ctypes structs from it.
@@ -230,4 +449,56 @@ pub struct JitAnswer {
     pub sha256: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// abi.h states for C what [`abi`] states for the loader.
+    #[test]
+    fn abi_h_agrees() {
+        let header = include_str!("../include/flashgen/abi.h");
+        let a = abi();
+        assert!(header.contains(&format!("#define FLASHGEN_ABI_VERSION {}\n", a.version)));
+        for (name, code) in &a.status {
+            assert!(
+                header.contains(&format!("FLASHGEN_{name} = {code},")),
+                "abi.h lacks FLASHGEN_{name} = {code}"
+            );
+        }
+        assert_eq!(
+            header.matches(" = ").count(),
+            a.status.len(),
+            "abi.h has other codes"
+        );
+        for entry in a.entry_points.values() {
+            assert!(
+                header.contains(&format!(" {entry}(void);")),
+                "abi.h lacks {entry}"
+            );
+        }
+        for entry in a.module_entry_points.values() {
+            let c = entry.replace("{module}", "<module>");
+            assert!(header.contains(&format!("int {c}(")), "abi.h lacks {c}");
+        }
+    }
+
+    /// The PEP 517 backend's copy of the metadata and tree rules (it needs no Rust to write an
+    /// sdist).
+    #[test]
+    fn backend_metadata_json_agrees() {
+        let shipped: BackendData =
+            serde_json::from_str(include_str!("../backend/metadata.json")).unwrap();
+        let expected = BackendData {
+            metadata: package_metadata(),
+            tree: tree_rules(),
+        };
+        assert_eq!(
+            shipped,
+            expected,
+            "backend/metadata.json is stale; write this into it:\n{}",
+            serde_json::to_string_pretty(&expected).unwrap()
+        );
+    }
 }

@@ -89,13 +89,26 @@ fn describe_carries_the_backend_order_and_what_each_runs_on() {
     let d = json(&t.run(&["describe"]));
     let m = &d["modules"]["kern"];
     assert_eq!(m["axes"][0]["type"], "backend");
+    let supports = |runs: &str| format!("on this device kern supports backend {runs}");
     assert_eq!(
         m["backends"],
         json!({"axis": "backend", "order": [
             {"name": "sm90", "arch_limit": ["9.0a"],
-             "runs_on": [{"target": "sm_90a", "min": [9, 0], "max": [9, 0]}]},
-            {"name": "portable", "arch_limit": null, "runs_on": null},
-        ]})
+             "runs_on": [{"target": "sm_90a", "min": [9, 0], "max": [9, 0]}],
+             "refused": "backend='sm90' is built only for 9.0a, which does not run on a GPU of \
+                         compute capability {cc}; {supports}"},
+            {"name": "portable", "arch_limit": null, "runs_on": null, "refused": null},
+        ],
+        // The choice per device: every capability the binary accepts, in ranges.
+        "by_device": [
+            {"min": [1, 0], "max": [8, 9], "backends": ["portable"], "supports": supports("'portable'")},
+            {"min": [9, 0], "max": [9, 0], "backends": ["sm90", "portable"],
+             "supports": supports("'sm90', 'portable'")},
+            {"min": [9, 1], "max": [99, 9], "backends": ["portable"], "supports": supports("'portable'")},
+        ],
+        "unknown": "backend='{value}' is not a backend of kern; it has sm90 (9.0a only), portable",
+        "none_runs": "no backend of kern runs on a GPU of compute capability {cc}: sm90 (9.0a only), portable",
+        "hint": "Leave backend unset to take the first one the device runs."})
     );
     assert!(m.get("arch_limit").is_none());
     // A module limit narrows every backend, and shows on the module.
@@ -467,8 +480,8 @@ fn the_jit_picks_the_first_backend_the_device_runs_and_refuses_one_it_cannot() {
     assert_usage_error(
         &o,
         &[
-            "kern backend=sm90 is built only for 9.0a, which does not run on a GPU of compute capability 8.0",
-            "on this device it supports backend portable",
+            "kern: backend='sm90' is built only for 9.0a, which does not run on a GPU of compute capability 8.0",
+            "on this device kern supports backend 'portable'",
         ],
     );
     // Only the backend may be left out: a selection that spans another axis is refused.

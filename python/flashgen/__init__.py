@@ -28,6 +28,7 @@ from typing import Any
 from ._decode import batch_decode, single_decode
 from ._prefill import batch_prefill, batch_prefill_paged, single_prefill
 from ._errors import CompileError, FlashgenError, JITDisabledError, KernelError, NoGPUError
+from ._tensor import TensorLike
 from ._variant import Variant
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "batch_prefill",
     "batch_prefill_paged",
     "Variant",
+    "TensorLike",
     "list_variants",
     "is_precompiled",
     "FlashgenError",

@@ -21,7 +21,7 @@ from ._variant import ParamPacker, Variant
 
 __all__ = [
     "KV_LAYOUTS", "read_tensors", "check_dtypes", "check_last_dim_contiguous", "check_layout",
-    "resolve_variant", "instance_for", "Workspaces", "default_sm_scale", "launch",
+    "resolve_variant", "instance_for", "Workspaces", "default_sm_scale",
 ]
 
 KV_LAYOUTS = ("NHD", "HND")
@@ -259,14 +259,12 @@ def workspace_bytes(what: str, loaded: _loader.Loaded, module: str, fields: Mapp
     hit = _ws_sizes.get(key)
     if hit is not None:
         return hit
-    from ._kernels import args_struct
+    from ._kernels import StatusError, args_struct
 
     try:
         n = _ws_sizes[key] = int(loaded.kernels.workspace_size(module, args_struct(module)(**fields)))
         return n
-    except RuntimeError as exc:
-        if getattr(exc, "status", None) is None:
-            raise
+    except StatusError as exc:
         raise KernelError(f"{what} ({loaded.uri}): {exc}") from None
 
 
@@ -274,7 +272,4 @@ def _reset_for_tests() -> None:
     _packers.clear()
     _instances.clear()
     _ws_sizes.clear()
-    from . import _op
-
-    _op._reset_for_tests()
     WORKSPACES.clear()

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import _op
 from ._op import Spec, Stride, T
+from ._tensor import Output, TensorLike
 from ._variant import Variant
 
 __all__ = ["single_decode", "batch_decode"]
@@ -62,21 +63,21 @@ BATCH_DECODE = Spec(
 
 
 def single_decode(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: TensorLike,
+    k: TensorLike,
+    v: TensorLike,
     *,
     kv_layout: str = "NHD",
     pos_encoding: str = "none",
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
-    out: Any = None,
+    out: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
-) -> Any:
+) -> Output:
     """Attention of one query token per head over one request's KV.
 
     Args:
@@ -109,23 +110,23 @@ def single_decode(
 
 
 def batch_decode(
-    q: Any,
-    paged_kv_cache: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
+    q: TensorLike,
+    paged_kv_cache: TensorLike,
+    kv_indptr: TensorLike,
+    kv_indices: TensorLike,
+    kv_last_page_len: TensorLike,
     *,
     kv_layout: str = "NHD",
     pos_encoding: str = "none",
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
-    out: Any = None,
+    out: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
-) -> Any:
+) -> Output:
     """Decode attention for a batch of requests over a paged KV cache.
 
     Args:

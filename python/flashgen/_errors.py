@@ -6,6 +6,8 @@ exists, the environment variable or flag that would fix it.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["FlashgenError", "JITDisabledError", "CompileError", "KernelError", "NoGPUError"]
 
 
@@ -14,7 +16,10 @@ class FlashgenError(RuntimeError):
 
 
 class JITDisabledError(FlashgenError):
-    """An instance is neither precompiled nor cached and FLASHGEN_DISABLE_JIT forbids compiling it."""
+    """An instance is neither precompiled nor cached and FLASHGEN_DISABLE_JIT forbids compiling it.
+    ``answer``: what ``flashgen jit`` said (its cache folder, the archs it would build)."""
+
+    answer: dict[str, Any] | None = None
 
 
 class CompileError(FlashgenError):

@@ -1,8 +1,10 @@
 """Where this installation keeps the ``flashgen`` binary, the kernel sources, the matrix and the
 precompiled kernels.
 
-Two layouts are supported. An installed wheel ships everything inside the package
-(``_bin/flashgen``, ``_src/``, ``_data/matrix.json``, ``_aot/manifest.json``). A source checkout
+Two layouts are supported. An installed wheel ships everything inside the package, where the
+binary's ``LAYOUT`` (``src/records.rs``) puts it: ``_data/matrix.json`` (the one path written here
+too: it holds the others, as ``describe``'s ``wheel.layout``), ``_bin/flashgen``, ``_src/``,
+``_aot/manifest.json``. A source checkout
 (``python/`` on ``sys.path``) has none of those: the binary comes from ``FLASHGEN_BIN``, ``PATH`` or
 ``target/{release,debug}``, the sources from the repository root, and the matrix from asking the
 binary once (``flashgen describe --json``), so no matrix logic is ever repeated in Python.
@@ -21,6 +23,8 @@ from ._errors import FlashgenError
 
 __all__ = [
     "PACKAGE_DIR",
+    "MATRIX_PATH",
+    "layout",
     "is_installed",
     "repo_root",
     "binary",
@@ -32,14 +36,20 @@ __all__ = [
     "aot_rows",
     "kernel_packages",
     "shipped_uris",
-    "build_target",
     "select_uris",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-_MATRIX_FILE = PACKAGE_DIR / "_data" / "matrix.json"
-_MANIFEST_FILE = PACKAGE_DIR / "_aot" / "manifest.json"
-_lock = threading.Lock()
+# The binary's LAYOUT["matrix"]: where the wheel keeps the matrix, and in it the rest of the layout.
+MATRIX_PATH = "_data/matrix.json"
+_MATRIX_FILE = PACKAGE_DIR / MATRIX_PATH
+_lock = threading.RLock()  # matrix_json() is read under it (layout)
+
+
+def layout(key: str) -> str:
+    """Where an installed wheel keeps ``key`` (``binary``, ``sources``, ``variants``, ``aot``,
+    ``manifest``), relative to its package folder: the binary's data (``wheel.layout``)."""
+    return str(matrix_json()["wheel"]["layout"][key])
 
 
 def is_installed() -> bool:
@@ -67,9 +77,10 @@ def binary() -> Path:
             )
         return path.absolute()
     looked: list[str] = []
-    bundled = PACKAGE_DIR / "_bin" / "flashgen"
-    looked.append(str(bundled))
-    if bundled.is_file():
+    bundled = PACKAGE_DIR / layout("binary") if is_installed() else None
+    if bundled is not None:
+        looked.append(str(bundled))
+    if bundled is not None and bundled.is_file():
         if os.access(bundled, os.X_OK):
             return bundled
         raise FlashgenError(
@@ -105,14 +116,14 @@ def binary() -> Path:
 
 def variants_json() -> Path:
     """The ``variants.json`` the JIT passes to ``flashgen --config``."""
-    shipped = PACKAGE_DIR / "_src" / "variants.json"
-    if shipped.is_file():
+    shipped = PACKAGE_DIR / layout("variants") if is_installed() else None
+    if shipped is not None and shipped.is_file():
         return shipped
     root = repo_root()
     if root is not None:
         return root / "variants.json"
     raise FlashgenError(
-        f"the kernel sources are missing: neither {shipped} nor a source checkout around "
+        f"the kernel sources are missing: neither {shipped or 'the wheel'} nor a source checkout around "
         f"{PACKAGE_DIR} holds variants.json.\n\nReinstall the flashgen wheel."
     )
 
@@ -180,7 +191,8 @@ def aot_manifest() -> dict[str, Any] | None:
     """The shipped build manifest of the precompiled kernels, or None (source checkout)."""
     global _manifest_cache
     if _manifest_cache is None:
-        data = json.loads(_MANIFEST_FILE.read_text()) if _MANIFEST_FILE.is_file() else None
+        path = PACKAGE_DIR / layout("manifest") if is_installed() else None
+        data = json.loads(path.read_text()) if path is not None and path.is_file() else None
         _manifest_cache = (data,)
     return _manifest_cache[0]
 
@@ -239,9 +251,9 @@ def aot_packages() -> list[AotPackage]:
                 name = k.get("package")
                 if not isinstance(name, str) or not name.isidentifier():
                     continue
-                folder = PACKAGE_DIR.parent / name / "_aot"
+                folder = PACKAGE_DIR.parent / name / layout("aot")
                 try:
-                    data = json.loads((folder / "manifest.json").read_text())
+                    data = json.loads((PACKAGE_DIR.parent / name / layout("manifest")).read_text())
                 except (OSError, ValueError):
                     continue  # not installed (or unreadable): its extra is not there
                 if isinstance(data, dict) and data.get("flashgen_version") == version:
@@ -277,18 +289,9 @@ def shipped_uris() -> set[str]:
     return set(_rows_index())
 
 
-def build_target() -> str | None:
-    """The glibc target the wheel was built for (the manifest's ``manylinux``, e.g. ``"2_17"``:
-    its host code was compiled by zig for that glibc), or None (the system's g++, or a source
-    checkout). The JIT passes it on as ``--manylinux``."""
-    manifest = aot_manifest()
-    target = manifest.get("manylinux") if manifest else None
-    return target if isinstance(target, str) and target else None
-
-
 def aot_dir() -> Path:
     """The folder the manifest's relative ``path`` entries are relative to."""
-    return _MANIFEST_FILE.parent
+    return PACKAGE_DIR / layout("aot")
 
 
 def aot_file(name: Any) -> Path:

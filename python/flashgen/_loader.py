@@ -2,10 +2,10 @@
 device, else the one the bundled ``flashgen`` binary finds in, or builds into, its cache.
 
 Python holds no build policy. Which architectures a precompiled file runs on is data the build
-wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes is
-the first of ``describe``'s ``backends`` (in the order variants.json declares) whose ``runs_on``
-admits it; where the cache lives, how it is keyed, what the JIT builds
-for a device, locking and verification belong to the binary, which the JIT path runs as
+wrote into the manifest (each row's ``runs_on``); which backend of a module a device takes, and
+the refusal of one it cannot run, is read from ``describe``'s ``backends`` table (the binary's
+choice per range of compute capabilities, ``Matrix.with_backend``); where the cache lives, how
+it is keyed, what the JIT builds for a device, locking and verification belong to the binary, which the JIT path runs as
 ``flashgen jit`` and which answers with the verified object's path and sha256. Either way the
 loader reads the file once, checks it (``_verify``) and loads those very bytes. AOT hits spawn
 nothing; loaded instances are memoized per process.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any, Mapping
 
 from . import _cuda, _install, _runtime
 from ._errors import CompileError, FlashgenError, JITDisabledError
-from ._matrix import Instance, admits, format_value, matrix
+from ._matrix import Instance, format_value, matrix
 from ._variant import Variant
 from ._verify import UntrustedFileError, loadable_path, read_checked
 
@@ -96,16 +95,36 @@ def device_capability(device: int | None = None) -> tuple[int, int]:
     driver's answer for ``device`` (default 0)."""
     env = os.environ.get("FLASHGEN_DEVICE_CC", "").strip()
     if env:
-        # ASCII digits only: str.isdigit() also admits "²" (which int() refuses) and other
-        # scripts' digits (which int() reads: "٩.٠" would pass for 9.0), as the binary does not.
-        match = re.fullmatch(r"([1-9][0-9]?)\.([0-9])", env)
-        if match is None:
+        cc = parse_capability(env)
+        if cc is None:
             raise ValueError(
                 f"FLASHGEN_DEVICE_CC={env!r} is not a compute capability: write MAJOR.MINOR in "
                 "ASCII digits, e.g. 9.0, or unset it to use the GPU's"
             )
-        return int(match.group(1)), int(match.group(2))
+        return cc
     return _cuda.compute_capability(device or 0)
+
+
+def parse_capability(text: str) -> tuple[int, int] | None:
+    """``MAJOR.MINOR`` as the binary's ``--device-cc`` reads it: ASCII digits (``str.isdigit()``
+    would also take "²" and other scripts' digits), each part within the binary's range
+    (``describe``'s ``capabilities``: major from ``min[0]`` to ``max[0]``, minor likewise)."""
+    major, dot, minor = text.strip().partition(".")
+    if not dot or not _ascii_digits(major) or not _ascii_digits(minor):
+        return None
+    bounds = _capabilities()
+    cc = int(major), int(minor)
+    ok = all(lo <= v <= hi for v, lo, hi in zip(cc, bounds["min"], bounds["max"]))
+    return cc if ok else None
+
+
+def _ascii_digits(text: str) -> bool:
+    return bool(text) and all("0" <= c <= "9" for c in text)
+
+
+def _capabilities() -> Mapping[str, Any]:
+    caps: Mapping[str, Any] = _install.matrix_json()["capabilities"]
+    return caps
 
 
 def load(module: str, params: Mapping[str, Any], variant: Variant | None = None,
@@ -156,7 +175,14 @@ def _load(module: str, params: dict[str, Any], variant: Variant | None, cc: tupl
     return loaded
 
 
-_runs_on = admits  # the manifest's rows are read as describe's are
+def _runs_on(rows: Any, cc: tuple[int, int]) -> bool:
+    """Whether ``runs_on`` rows (``{"target", "min", "max"}``, which the build wrote into the
+    manifest per file) admit a GPU of compute capability ``cc``."""
+    for row in rows or ():
+        lo, hi = row.get("min"), row.get("max")
+        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
+            return True
+    return False
 
 
 def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
@@ -212,11 +238,7 @@ def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tu
            "--device-cc", f"{cc[0]}.{cc[1]}", "--module", module]
     for k, v in params.items():
         cmd += ["--where", f"{k}={format_value(v)}"]
-    target = _install.build_target()
-    if target is not None and not os.environ.get("FLASHGEN_MANYLINUX", "").strip():
-        # The wheel's kernels were built by zig for this glibc: build the missing ones the same
-        # way, so that the JIT gives the bytes the wheel would (FLASHGEN_MANYLINUX overrides).
-        cmd += ["--manylinux", target]
+    # The glibc target (FLASHGEN_MANYLINUX, else the wheel's) is the binary's to choose.
     env = dict(os.environ)
     # nvcc from PyPI lives in this interpreter's environment, even when it is not activated.
     env.setdefault("FLASHGEN_PYTHON", sys.executable)

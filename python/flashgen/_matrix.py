@@ -12,8 +12,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from . import _install
 
-__all__ = ["Axis", "Backend", "Module", "Param", "Instance", "Matrix", "matrix", "format_value",
-           "admits"]
+__all__ = ["Axis", "Backend", "Backends", "DeviceRow", "Module", "Param", "Instance", "Matrix", "matrix",
+           "format_value", "fill"]
 
 
 class Axis(NamedTuple):
@@ -22,38 +22,68 @@ class Axis(NamedTuple):
     values: tuple[Any, ...]
 
 
-def admits(rows: Any, cc: tuple[int, int]) -> bool:
-    """Whether ``runs_on`` rows (``{"target", "min", "max"}``, written by the binary: the
-    manifest's, or a backend's in ``describe``) admit a GPU of compute capability ``cc``."""
-    for row in rows or ():
-        lo, hi = row.get("min"), row.get("max")
-        if lo is not None and tuple(lo) <= cc and (hi is None or cc <= tuple(hi)):
-            return True
-    return False
-
-
 class Backend(NamedTuple):
     """One implementation of a module (a value of its ``backend`` axis), as ``describe`` lists
-    them in order of preference: the archs it is limited to and the compute capabilities those
-    run on (both None: every arch; the JIT builds for the device)."""
+    them in order of preference: the archs it is limited to (None: every arch) and its refusal
+    on a device it does not run on (a template of the binary's; None: it runs on every one)."""
 
     name: str
     arch_limit: tuple[str, ...] | None
-    runs_on: tuple[Mapping[str, Any], ...] | None
+    refused: str | None
 
-    def runs_on_device(self, cc: tuple[int, int]) -> bool:
-        return self.runs_on is None or admits(self.runs_on, cc)
 
-    def describe(self) -> str:
-        return self.name if self.arch_limit is None else f"{self.name} ({' '.join(self.arch_limit)} only)"
+class DeviceRow(NamedTuple):
+    """GPUs of compute capability ``min..max`` and the backends they run, best first (the
+    binary's choice), with what a refusal says they support."""
+
+    min: tuple[int, int]
+    max: tuple[int, int]
+    backends: tuple[str, ...]
+    supports: str
+
+
+class Backends(NamedTuple):
+    """``describe``'s ``modules.<m>.backends``: the binary's choice of a backend per device and
+    its refusals, as data (``src/commands/choice.rs`` decides; this only reads)."""
+
+    axis: str
+    order: tuple[Backend, ...]
+    by_device: tuple[DeviceRow, ...]
+    unknown: str
+    none_runs: str
+    hint: str
+
+    def device(self, cc: tuple[int, int]) -> DeviceRow | None:
+        return next((d for d in self.by_device if d.min <= cc <= d.max), None)
+
+    @staticmethod
+    def read(table: Mapping[str, Any]) -> Backends:
+        return Backends(
+            table["axis"],
+            tuple(Backend(b["name"], _tuple_or_none(b.get("arch_limit")), b.get("refused"))
+                  for b in table["order"]),
+            tuple(DeviceRow(tuple(d["min"]), tuple(d["max"]), tuple(d["backends"]), d["supports"])
+                  for d in table["by_device"]),
+            table["unknown"], table["none_runs"], table["hint"],
+        )
+
+
+def fill(template: str, **holes: str) -> str:
+    """A template of the binary's with each ``{name}`` replaced (``choice::fill`` in Rust)."""
+    for name, value in holes.items():
+        template = template.replace("{" + name + "}", value)
+    return template
 
 
 class Module(NamedTuple):
     name: str
     entry_points: tuple[str, ...]
     axes: tuple[Axis, ...]
-    backend_axis: str | None = None  # the axis of its implementations, if it has several
-    backends: tuple[Backend, ...] = ()  # in order of preference
+    backends: Backends | None = None  # its implementations, if it has several
+
+    @property
+    def backend_axis(self) -> str | None:
+        return None if self.backends is None else self.backends.axis
 
     def axis(self, name: str) -> Axis | None:
         for axis in self.axes:
@@ -108,14 +138,12 @@ class Matrix:
         }
         self.modules: dict[str, Module] = {}
         for name, spec in data["modules"].items():
-            table = spec.get("backends") or {}
+            table = spec.get("backends")
             self.modules[name] = Module(
                 name,
                 tuple(spec.get("entry_points", ())),
                 tuple(Axis(a["name"], a["type"], tuple(a["values"])) for a in spec["axes"]),
-                table.get("axis"),
-                tuple(Backend(b["name"], _tuple_or_none(b.get("arch_limit")),
-                              _tuple_or_none(b.get("runs_on"))) for b in table.get("order", ())),
+                None if table is None else Backends.read(table),
             )
         # Instances are made, and indexed per module, when first asked for: the matrix holds
         # hundreds of them and a process usually calls a few modules (import to first kernel).
@@ -196,41 +224,30 @@ class Matrix:
     def with_backend(self, module: str, params: Mapping[str, Any], cc: tuple[int, int], *,
                      what: str | None = None) -> dict[str, Any]:
         """``params`` with the module's backend axis set for a GPU of compute capability ``cc``:
-        the backend given, which must run there, else the first of ``describe``'s backends (in
-        the order variants.json declares) whose ``runs_on`` admits the device. The order and the
-        rows are the binary's; this only reads them. A module without a backend axis is left as
-        it is. Raises ValueError naming the backend, the device and the backends that run."""
-        mod = self.module(module)
-        name = mod.backend_axis
-        if name is None:
+        the backend given, which must run there, else the binary's choice for the device. Both
+        and the refusals are read from ``describe``'s table (``Backends``); nothing is decided
+        here. A module without a backend axis is left as it is. Raises ValueError naming the
+        backend, the device and the backends that run."""
+        table = self.module(module).backends
+        if table is None:
             return dict(params)
         prefix = f"{what or module}: "
-        device = f"a GPU of compute capability {cc[0]}.{cc[1]}"
-        runs = [b for b in mod.backends if b.runs_on_device(cc)]
-        if name in params:
-            wanted = format_value(params[name])
-            backend = next((b for b in mod.backends if b.name == wanted), None)
+        device = f"{cc[0]}.{cc[1]}"
+        row = table.device(cc)
+        runs = row.backends if row is not None else ()
+        if table.axis in params:
+            wanted = format_value(params[table.axis])
+            backend = next((b for b in table.order if b.name == wanted), None)
             if backend is None:
-                raise ValueError(
-                    f"{prefix}{name}={wanted!r} is not a backend of {module}; it has "
-                    f"{', '.join(b.describe() for b in mod.backends)}"
-                )
-            if not backend.runs_on_device(cc):
-                supports = (f"on this device {module} supports {name} "
-                            f"{', '.join(repr(b.name) for b in runs)}" if runs else
-                            f"no backend of {module} runs there")
-                raise ValueError(
-                    f"{prefix}{name}={wanted!r} is built only for "
-                    f"{' '.join(backend.arch_limit or ())}, which does not run on {device}; "
-                    f"{supports}.\n\nLeave {name} unset to take the best one the device runs."
-                )
+                raise ValueError(prefix + fill(table.unknown, value=wanted))
+            if wanted not in runs:
+                supports = row.supports if row is not None else ""
+                raise ValueError(prefix + fill(backend.refused or "", cc=device, supports=supports)
+                                 + f".\n\n{table.hint}")
             return dict(params)
         if not runs:
-            raise ValueError(
-                f"{prefix}no backend of {module} runs on {device}: "
-                f"{', '.join(b.describe() for b in mod.backends)}"
-            )
-        return {**params, name: runs[0].name}
+            raise ValueError(prefix + fill(table.none_runs, cc=device))
+        return {**params, table.axis: runs[0]}
 
     def _explain_miss(self, module: str, params: Mapping[str, Any], *, what: str | None,
                       ignore: Iterable[str]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from . import _common as C
 from . import _cuda
 from ._errors import KernelError
-from ._kernels import FlashgenError, args_decl, args_struct, call_fields
+from ._kernels import StatusError, args_decl, args_struct, call_fields, entry_name
 from ._matrix import matrix
 from ._tensor import Tensor, allocator_for, describe, torch_tensor_type
 from ._variant import ParamPacker, Variant
@@ -241,7 +241,7 @@ class Plan:
 
     def _fail(self, status: int) -> None:
         kern = self.loaded.kernels
-        exc = FlashgenError(status, f"flashgen_{self.module}", kern.last_error(), kern.path)
+        exc = StatusError(status, entry_name("kernel", self.module), kern.last_error(), kern.path)
         raise KernelError(f"{self.what} ({self.loaded.uri}): {exc}") from None
 
 
@@ -341,11 +341,11 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
         params[axis] = dtype if src == "$dtype" else options[src[1:]] if src.startswith("$") else sym[src]
     params["variant"] = vname
     if backend is not None:
-        axis = matrix().module(spec.module).backend_axis
-        if axis is None:
+        backend_axis = matrix().module(spec.module).backend_axis
+        if backend_axis is None:
             raise ValueError(f"{what}: backend={backend!r}, but {spec.module} has one implementation "
                              "(its matrix declares no backend axis); leave backend unset")
-        params[axis] = backend  # checked against the device by the loader
+        params[backend_axis] = backend  # checked against the device by the loader
     packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
     loaded = C.instance_for(what, spec.module, params, custom, device)
     alloc = allocator_for(fw)
@@ -356,10 +356,10 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
     fields: dict[str, Any] = {}
     for name, src in spec.fields.items():
         if isinstance(src, Stride):
-            t = described[src.tensor]
+            td = described[src.tensor]
             dims = spec.out if src.tensor == "o" else next(
                 x for x in spec.inputs if x.name == src.tensor).dims_for(layout)
-            fields[name] = t.strides[dims.index(src.symbol)]
+            fields[name] = td.strides[dims.index(src.symbol)]
         elif isinstance(src, str):
             fields[name] = sym[src]
         else:

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import _op
 from ._op import Spec, Stride, T
+from ._tensor import Output, TensorLike
 from ._variant import Variant
 
 __all__ = ["single_prefill", "batch_prefill", "batch_prefill_paged"]
@@ -99,9 +100,9 @@ BATCH_PREFILL_PAGED = Spec(
 
 
 def single_prefill(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: TensorLike,
+    k: TensorLike,
+    v: TensorLike,
     *,
     causal: bool = False,
     kv_layout: str = "NHD",
@@ -109,12 +110,12 @@ def single_prefill(
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
-    out: Any = None,
+    out: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
-) -> Any:
+) -> Output:
     """Attention of ``qo_len`` queries over one request's KV (see the module docstring for the
     positions, ``causal`` and RoPE).
 
@@ -139,11 +140,11 @@ def single_prefill(
 
 
 def batch_prefill(
-    q: Any,
-    qo_indptr: Any,
-    k: Any,
-    v: Any,
-    kv_indptr: Any,
+    q: TensorLike,
+    qo_indptr: TensorLike,
+    k: TensorLike,
+    v: TensorLike,
+    kv_indptr: TensorLike,
     *,
     causal: bool = False,
     kv_layout: str = "NHD",
@@ -151,14 +152,14 @@ def batch_prefill(
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
-    out: Any = None,
-    q_rope_offset: Any = None,
-    kv_rope_offset: Any = None,
+    out: TensorLike | None = None,
+    q_rope_offset: TensorLike | None = None,
+    kv_rope_offset: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
-) -> Any:
+) -> Output:
     """Prefill for a batch of requests whose q, k and v are packed along tokens (ragged).
 
     Args:
@@ -182,12 +183,12 @@ def batch_prefill(
 
 
 def batch_prefill_paged(
-    q: Any,
-    qo_indptr: Any,
-    paged_kv_cache: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
+    q: TensorLike,
+    qo_indptr: TensorLike,
+    paged_kv_cache: TensorLike,
+    kv_indptr: TensorLike,
+    kv_indices: TensorLike,
+    kv_last_page_len: TensorLike,
     *,
     causal: bool = False,
     kv_layout: str = "NHD",
@@ -195,14 +196,14 @@ def batch_prefill_paged(
     variant: str | Variant = "default",
     sm_scale: float | None = None,
     return_lse: bool = False,
-    out: Any = None,
-    q_rope_offset: Any = None,
-    kv_rope_offset: Any = None,
+    out: TensorLike | None = None,
+    q_rope_offset: TensorLike | None = None,
+    kv_rope_offset: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
-) -> Any:
+) -> Output:
     """Prefill for a batch whose K/V live in ``batch_decode``'s paged cache (same layouts and
     page table: ``kv_indptr`` in pages, ``kv_indices`` page ids, ``kv_last_page_len``), with q
     packed along tokens as in ``batch_prefill``. Page table values are not checked (a device

@@ -78,8 +78,7 @@ def _site_folders() -> list[Path]:
         folders.append(Path(site.getusersitepackages()))
     except Exception:  # pragma: no cover - site without a user folder
         pass
-    seen: set[Path] = set()
-    return [f for f in folders if not (f in seen or seen.add(f))]
+    return list(dict.fromkeys(folders))  # each once, in order
 
 
 def _package_candidates(soname: str) -> list[Path]:
@@ -121,13 +120,17 @@ def ensure_loaded(soname: str) -> str:
         except OSError as exc:
             system_error = str(exc)
         major = _RUNTIME.fullmatch(soname).group(1)  # type: ignore[union-attr]
-        package = "nvidia-cuda-runtime" if int(major) >= 13 else f"nvidia-cuda-runtime-cu{major}"
+        from ._install import matrix_json
+
+        # The binary's name for the package (describe's wheel.runtime_requirements).
+        requirement = matrix_json()["wheel"]["runtime_requirements"].get(
+            major, f"the CUDA {major} runtime package")
         raise RuntimeMissingError(
             f"flashgen's kernels need the CUDA {major} runtime ({soname}), which is not loaded "
             f"and was not found: not under nvidia/ in this installation's site folders "
             f"({', '.join(map(str, _site_folders()))}), "
             f"nor on the system's library path ({system_error}).\n\n"
-            f"Install it beside flashgen: pip install '{package}=={major}.*' (the flashgen wheel "
+            f"Install it beside flashgen: pip install '{requirement}' (the flashgen wheel "
             "requires it; an install with --no-deps skips it), or put a CUDA "
             f"{major} toolkit's lib64 on LD_LIBRARY_PATH."
         )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, Tuple, Union
 
-__all__ = ["Tensor", "describe", "Framework", "framework_of", "allocator_for", "KDL_CPU", "KDL_CUDA"]
+__all__ = ["TensorLike", "Output", "Tensor", "describe", "Framework", "framework_of", "allocator_for", "KDL_CPU",
+           "KDL_CUDA"]
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -21,6 +22,21 @@ KDL_CUDA_HOST = 3
 KDL_CUDA_MANAGED = 13
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
                  10: "rocm", 13: "cuda_managed", 14: "oneapi"}
+
+
+class TensorLike(Protocol):
+    """What the API takes as a tensor: a DLPack producer on a CUDA device (a torch tensor, a CuPy
+    array, or anything with these two methods). torch and CuPy are read through their own
+    attributes, faster, but every tensor flashgen takes offers these."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+
+# What a kernel call returns: ``o``, a tensor of ``q``'s framework (typed ``Any`` so that it keeps
+# that framework's methods), or ``(o, lse)`` with ``return_lse=True``.
+Output = Union[Any, Tuple[Any, Any]]
 
 
 class Tensor(NamedTuple):

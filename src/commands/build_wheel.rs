@@ -16,12 +16,13 @@ use crate::cuda_packages;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
-use crate::records::{KernelPackage, Manifest};
+use crate::records::{KernelPackage, Manifest, ALL_KERNELS_EXTRA, LAYOUT, REQUIRES_PYTHON};
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
 
-/// The Python package; the loader reads `_aot/`, `_data/`, `_src/` and `_bin/` inside it.
-const PACKAGE: &str = "flashgen";
+/// The Python package; the loader reads `_aot/`, `_data/`, `_src/` and `_bin/` inside it
+/// ([`LAYOUT`], which `describe` exports for it).
+const PACKAGE: &str = LAYOUT.package;
 
 pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     let ui = Ui::new(args.compile.quiet);
@@ -30,7 +31,7 @@ pub fn run(matrix: &Matrix, args: &WheelArgs) -> Result<()> {
     for dir in ["csrc", "include"] {
         collect_tree(
             &matrix.root.join(dir),
-            &format!("{PACKAGE}/_src/{dir}"),
+            &format!("{PACKAGE}/{}/{dir}", LAYOUT.sources),
             &mut sources,
         )?;
     }
@@ -179,7 +180,7 @@ fn release(
     manifest.toolchain = toolchain.as_ref().map(crate::records::ToolchainRow::of);
     let extras = std::iter::once(cuda_packages::JIT_EXTRA.to_string())
         .chain(packages.iter().map(|p| p.extra.clone()))
-        .chain(std::iter::once(ALL_KERNELS.to_string()))
+        .chain(std::iter::once(ALL_KERNELS_EXTRA.to_string()))
         .collect();
     let requires = requirements(toolchain.as_ref(), target, &packages);
     manifest.kernel_packages = packages;
@@ -191,12 +192,6 @@ fn release(
     }
     Ok(())
 }
-
-/// The extra that installs every kernel wheel of a release.
-const ALL_KERNELS: &str = "all";
-
-/// Every wheel's `Requires-Python`.
-const REQUIRES_PYTHON: &str = ">=3.9";
 
 /// The name of an architecture's kernel wheel and extra: its first target without the
 /// underscore (`8.0+PTX` -> `sm80`, `9.0a` -> `sm90a`).
@@ -270,18 +265,18 @@ fn core_wheel(
     }
     let describe = super::describe::describe(matrix);
     w.add_bytes(
-        &format!("{PACKAGE}/_data/matrix.json"),
+        &format!("{PACKAGE}/{}", LAYOUT.matrix),
         serde_json::to_vec_pretty(&describe)?,
         false,
     )?;
     w.add_bytes(
-        &format!("{PACKAGE}/_src/variants.json"),
+        &format!("{PACKAGE}/{}", LAYOUT.variants),
         matrix.config_text.clone().into_bytes(),
         false,
     )?;
     // The binary ships once; the `flashgen` command is a console script that execs it.
     w.add_bytes(
-        &format!("{PACKAGE}/_bin/flashgen"),
+        &format!("{PACKAGE}/{}", LAYOUT.binary),
         std::fs::read(binary)?,
         true,
     )?;
@@ -361,11 +356,18 @@ fn over_budget(
     for e in &written.entries {
         let group = match modules
             .iter()
-            .find(|(p, _)| e.path.ends_with(&format!("/_aot/{p}")))
+            .find(|(p, _)| e.path.ends_with(&format!("/{}/{p}", LAYOUT.aot)))
         {
             Some((_, module)) => format!("kernels of {module}"),
-            None if e.path.starts_with(&format!("{PACKAGE}/_bin/")) => "the flashgen binary".into(),
-            None if e.path.starts_with(&format!("{PACKAGE}/_src/")) => "kernel sources".into(),
+            None if e.path == format!("{PACKAGE}/{}", LAYOUT.binary) => {
+                "the flashgen binary".into()
+            }
+            None if e
+                .path
+                .starts_with(&format!("{PACKAGE}/{}/", LAYOUT.sources)) =>
+            {
+                "kernel sources".into()
+            }
             None => "loader, matrix and metadata".into(),
         };
         match groups.iter_mut().find(|(g, _, _)| *g == group) {
@@ -415,7 +417,7 @@ fn requirements(
         .chain(cuda_packages::jit_requirements(version, zig))
         .chain(kernels.iter().flat_map(|k| {
             // Each kernel wheel by its own extra, and all of them by `all`.
-            [k.extra.as_str(), ALL_KERNELS].map(|extra| {
+            [k.extra.as_str(), ALL_KERNELS_EXTRA].map(|extra| {
                 format!(
                     "{}=={}; extra == \"{extra}\"",
                     k.distribution,
@@ -525,7 +527,11 @@ fn add_kernels(w: &mut WheelBuilder, package: &str, report: &BuildReport) -> Res
                 b.entry.sha256
             );
         }
-        w.add_bytes(&format!("{package}/_aot/{}.so", b.inst.uri), bytes, true)?;
+        w.add_bytes(
+            &format!("{package}/{}/{}.so", LAYOUT.aot, b.inst.uri),
+            bytes,
+            true,
+        )?;
     }
     Ok(())
 }
@@ -533,7 +539,7 @@ fn add_kernels(w: &mut WheelBuilder, package: &str, report: &BuildReport) -> Res
 /// `<package>/_aot/manifest.json`, serialized from the in-memory result, never read back.
 fn add_manifest(w: &mut WheelBuilder, package: &str, manifest: &Manifest) -> Result<()> {
     w.add_bytes(
-        &format!("{package}/_aot/manifest.json"),
+        &format!("{package}/{}", LAYOUT.manifest),
         serde_json::to_string_pretty(manifest)?.into_bytes(),
         false,
     )
@@ -558,9 +564,10 @@ fn collect_tree_in(top: &Path, dir: &Path, prefix: &str, out: &mut Vec<Snapshot>
         .with_context(|| format!("cannot read {}", dir.display()))?
         .collect::<std::io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
+    let rules = crate::records::tree_rules();
     for e in entries {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name == "__pycache__" || name.ends_with(".pyc") || name.starts_with('.') {
+        if rules.skips(&name) {
             continue;
         }
         let path = e.path();

@@ -1,15 +1,32 @@
 //! `flashgen describe`: the matrix as one JSON object, which the wheel ships for the loader.
 
-use crate::arch::{self, Arch};
+use crate::arch::Arch;
 use crate::c_ident;
-use crate::matrix::{Matrix, Module};
+use crate::matrix::Matrix;
 use crate::param_types;
-use crate::records::{AxisRow, BackendRow, BackendTable, Describe, ModuleRow, VariantRow};
+use crate::records::{
+    AxisRow, CapabilityRange, Describe, ModuleRow, VariantRow, WheelData, LAYOUT,
+};
 use anyhow::Result;
 
 pub fn describe(matrix: &Matrix) -> Describe {
     Describe {
         flashgen_version: env!("CARGO_PKG_VERSION").into(),
+        abi: crate::records::abi(),
+        wheel: WheelData {
+            layout: LAYOUT,
+            metadata: crate::records::package_metadata(),
+            runtime_requirements: crate::cuda_packages::runtime_requirements(),
+            tree: crate::records::tree_rules(),
+        },
+        capabilities: {
+            let all: Vec<_> = super::choice::capabilities().collect();
+            let (first, last) = (all[0], all[all.len() - 1]);
+            CapabilityRange {
+                min: [first.major, first.minor],
+                max: [last.major, last.minor],
+            }
+        },
         archs: matrix.archs.clone(),
         variants: matrix
             .variants
@@ -48,10 +65,11 @@ pub fn describe(matrix: &Matrix) -> Describe {
                 let row = ModuleRow {
                     source: m.source.clone(),
                     entry_points: m.entry_points.clone(),
+                    args_struct: crate::codegen::args_struct_name(&m.name),
                     args: m.args.clone(),
                     axes,
                     arch_limit: m.arch_limit.as_deref().map(spelled),
-                    backends: backends(m),
+                    backends: super::choice::table(m),
                 };
                 (m.name.clone(), row)
             })
@@ -66,28 +84,6 @@ pub fn describe(matrix: &Matrix) -> Describe {
 
 fn spelled(archs: &[Arch]) -> Vec<String> {
     archs.iter().map(ToString::to_string).collect()
-}
-
-/// The module's implementations in order of preference, each with its arch limit and the
-/// compute capabilities that limit runs on: the data the loader chooses a backend from.
-fn backends(m: &Module) -> Option<BackendTable> {
-    let (bi, axis) = m.backend_axis()?;
-    let order = (0..axis.values.len())
-        .map(|vi| {
-            let mut choice = vec![0; m.axes.len()];
-            choice[bi] = vi;
-            let limit = m.arch_limit(&choice);
-            BackendRow {
-                name: axis.values[vi].to_string(),
-                arch_limit: limit.as_deref().map(spelled),
-                runs_on: limit.as_deref().map(arch::runs_on_all),
-            }
-        })
-        .collect();
-    Some(BackendTable {
-        axis: axis.name.clone(),
-        order,
-    })
 }
 
 pub fn run(matrix: &Matrix) -> Result<()> {

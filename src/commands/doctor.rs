@@ -182,11 +182,12 @@ pub fn run(config: &ConfigSource, variants_files: &[PathBuf], args: &DoctorArgs)
 /// beside `<package>/_aot/manifest.json`), or None when it is not inside one. For a release's
 /// core wheel, its kernel wheels too: each one its manifest names, installed beside it or not.
 fn installed_wheel(exe: &Path) -> Option<serde_json::Value> {
-    let package = exe.parent()?.parent()?;
+    let layout = crate::records::LAYOUT;
+    let package = layout.package_of_binary(exe)?;
     let read = |dir: &Path| -> Option<serde_json::Value> {
-        serde_json::from_slice(&std::fs::read(dir.join("_aot").join("manifest.json")).ok()?).ok()
+        serde_json::from_slice(&std::fs::read(dir.join(layout.manifest)).ok()?).ok()
     };
-    let manifest = read(package)?;
+    let manifest = read(&package)?;
     let count = |m: &serde_json::Value| m["instances"].as_array().map_or(0, Vec::len);
     let mut precompiled = count(&manifest);
     let mut archs: Vec<serde_json::Value> =

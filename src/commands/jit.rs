@@ -11,8 +11,9 @@
 //! An instance with an arch limit (a `backend` value's or its module's `archs`) is built only
 //! for archs of that limit that run on the device; one that cannot run there is refused, naming
 //! the backends the device does run. Without a `backend` term the verb takes the first backend,
-//! in the order variants.json declares, that runs on the device (the loader reads the same
-//! order and limits from `describe`'s `backends` table, so it never spawns to ask).
+//! in the order variants.json declares, that runs on the device. Both rules and their messages
+//! are `choice`'s, which `describe` also writes out as the table the loader reads (so it never
+//! spawns to ask).
 
 use anyhow::Result;
 
@@ -26,6 +27,8 @@ use crate::instance::Instance;
 use crate::manylinux::Glibc;
 use crate::matrix::Matrix;
 use crate::records::{JitAnswer, JitSource};
+
+use super::choice;
 use crate::toolchain::Toolchain;
 use crate::ui::Ui;
 
@@ -77,88 +80,78 @@ pub(super) fn for_device<'m>(
     Ok((inst, archs))
 }
 
-/// The first of `choices` (in the declared order) whose arch limit runs on a GPU of `cc`.
+/// The first of `choices` (in the declared order) that runs on a GPU of `cc`
+/// ([`choice::running`]).
 fn choose_backend<'m>(
     matrix: &Matrix,
     choices: &[&'m Instance],
     cc: Capability,
 ) -> Result<&'m Instance> {
-    if let Some(inst) = choices
+    let m = matrix.module(choices[0]);
+    let (bi, _) = m.backend_axis().expect("backend_choices checked the axis");
+    let runs = choice::running(m, cc);
+    if let Some(inst) = runs
         .iter()
-        .find(|i| arch::limit_runs_on_device(matrix.arch_limit(i).as_deref(), cc))
+        .find_map(|&vi| choices.iter().find(|i| i.choice[bi] == vi))
     {
         return Ok(inst);
     }
-    let (bi, axis) = matrix
-        .module(choices[0])
-        .backend_axis()
-        .expect("backend_choices checked the axis");
-    let each: Vec<String> = choices
-        .iter()
-        .map(|i| {
-            format!(
-                "{} (built only for {})",
-                axis.values[i.choice[bi]],
-                arch::spell(&matrix.arch_limit(i).unwrap_or_default())
-            )
-        })
-        .collect();
-    Err(UsageError::new(format!(
-        "no backend of {} runs on a GPU of compute capability {cc}: {}",
-        matrix.module(choices[0]).name,
-        each.join(", ")
-    ))
-    .with_hint("add a backend without an arch limit (or one for this GPU) to variants.json")
-    .into())
+    let table = choice::table(m).expect("a backend axis");
+    Err(UsageError::new(choice::none_runs(m, &table, cc))
+        .with_hint("add a backend without an arch limit (or one for this GPU) to variants.json")
+        .into())
 }
 
 /// Why `inst` cannot be built for a GPU of `cc`: its arch limit, and what the device runs.
 fn cannot_run(matrix: &Matrix, inst: &Instance, cc: Capability) -> anyhow::Error {
     let m = matrix.module(inst);
-    let limit: Vec<Arch> = matrix.arch_limit(inst).unwrap_or_default();
-    let Some((bi, axis)) = m.backend_axis() else {
+    let (Some((bi, axis)), Some(table)) = (m.backend_axis(), choice::table(m)) else {
         return UsageError::new(format!(
             "module {} is built only for {} (modules.{}.archs in {}), and none of them runs on a \
              GPU of compute capability {cc}",
             m.name,
-            arch::spell(&limit),
+            arch::spell(&matrix.arch_limit(inst).unwrap_or_default()),
             m.name,
             matrix.config_path.display()
         ))
         .with_hint("run it on a GPU of those architectures")
         .into();
     };
-    let runs: Vec<String> = (0..axis.values.len())
-        .filter(|&vi| {
-            let mut choice = inst.choice.clone();
-            choice[bi] = vi;
-            arch::limit_runs_on_device(m.arch_limit(&choice).as_deref(), cc)
-        })
-        .map(|vi| axis.values[vi].to_string())
-        .collect();
-    let supports = if runs.is_empty() {
-        "no backend of it runs there".to_string()
-    } else {
-        format!(
-            "on this device it supports {} {}",
-            axis.name,
-            runs.join(", ")
-        )
+    let value = axis.values[inst.choice[bi]].to_string();
+    UsageError::new(choice::refused(m, &table, &value, cc))
+        .with_hint(table.hint.clone())
+        .into()
+}
+
+/// The glibc target of a JIT build, by the one precedence there is: `--manylinux`, else
+/// `FLASHGEN_MANYLINUX` (`off`: the system's g++), else the target of the installed wheel whose
+/// variants.json this is (its manifest's `manylinux`: the JIT then builds the bytes the wheel
+/// would), else the system's g++. The loader passes none of them.
+fn jit_target(matrix: &Matrix, cli: Option<&str>) -> Result<Option<Glibc>> {
+    let env_set =
+        std::env::var(crate::manylinux::MANYLINUX_ENV).is_ok_and(|v| !v.trim().is_empty());
+    if cli.is_some() || env_set {
+        return Glibc::resolve(cli);
+    }
+    let layout = crate::records::LAYOUT;
+    let config = &matrix.config_path;
+    if !config.ends_with(layout.variants) {
+        return Ok(None);
+    }
+    let depth = std::path::Path::new(layout.variants).components().count();
+    let Some(package) = config.ancestors().nth(depth) else {
+        return Ok(None);
     };
-    UsageError::new(format!(
-        "{} {}={} is built only for {}, which does not run on a GPU of compute capability {cc}; \
-         {supports}",
-        m.name,
-        axis.name,
-        axis.values[inst.choice[bi]],
-        arch::spell(&limit),
-    ))
-    .with_hint(format!(
-        "leave the {0} out to take the first one the device runs, or pass --where {0}=<one of \
-         those>",
-        axis.name
-    ))
-    .into()
+    let manifest = package.join(layout.manifest);
+    let Ok(bytes) = std::fs::read(&manifest) else {
+        return Ok(None);
+    };
+    let shipped: crate::records::Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", manifest.display()))?;
+    shipped
+        .manylinux
+        .map(|t| Glibc::parse(&t, &format!("{} manylinux", manifest.display())))
+        .transpose()
 }
 
 /// The variable by which the loader names itself (its pid) to the `jit` it starts.
@@ -202,7 +195,7 @@ pub fn run(matrix: &Matrix, args: &JitArgs) -> Result<()> {
         }
     };
     let launcher = Launcher::resolve(args.device.launcher.as_deref())?;
-    let target = Glibc::resolve(args.device.manylinux.as_deref())?;
+    let target = jit_target(matrix, args.device.manylinux.as_deref())?;
     let cache = Cache::open_default()?;
     let toolchain = Toolchain::discover(Some(&cache.dir), target)?;
     let mut builder = Builder::new(matrix, toolchain, cache, archs.clone(), true);

@@ -2,6 +2,7 @@
 
 mod build;
 mod build_wheel;
+mod choice;
 mod clean;
 mod describe;
 mod doctor;
@@ -68,7 +69,8 @@ impl ConfigSource {
         }
         if !Path::new(LOCAL).exists() {
             let bundled = std::env::current_exe().ok().and_then(|exe| {
-                let p = exe.parent()?.parent()?.join("_src").join(LOCAL);
+                let layout = crate::records::LAYOUT;
+                let p = layout.package_of_binary(&exe)?.join(layout.variants);
                 p.is_file().then_some(p)
             });
             if let Some(path) = bundled {

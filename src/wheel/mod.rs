@@ -23,4 +23,4 @@ pub use metadata::{WheelMetadata, WheelTag};
 pub use names::escape_distribution_name;
 pub use platform::{platform_tag, PlatformReport};
 pub use sources::read_tree_file;
-pub use writer::{ArchiveWriter, ZipArchiveWriter};
+pub use writer::{ArchiveWriter, ZipArchiveWriter, ZIP_EPOCH};

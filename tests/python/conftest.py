@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -58,7 +57,8 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.setenv("FLASHGEN_DISABLE_JIT", "1")
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
-    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._variant"):
+    for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._op",
+                 "flashgen._variant"):
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
@@ -239,10 +239,11 @@ class FakeCudaTensor:
         return _capsule_new(ctypes.addressof(self._managed), b"dltensor", None)
 '''
 exec(FAKE_TENSOR_SRC)  # defines FakeCudaTensor here; test_wheel runs the same text in a bare venv
+FakeCudaTensor: type = globals()["FakeCudaTensor"]
 
 
 @pytest.fixture
-def fake_tensor() -> type[FakeCudaTensor]:
+def fake_tensor() -> type:
     return FakeCudaTensor
 
 
@@ -320,11 +321,25 @@ def _fill_fake_instances() -> None:
 _fill_fake_instances()
 
 
+@pytest.fixture(scope="session")
+def described(flashgen_bin: Path) -> dict[str, Any]:
+    """The repository's ``flashgen describe --json``."""
+    proc = subprocess.run([str(flashgen_bin), "--config", str(REPO / "variants.json"), "describe", "--json"],
+                          capture_output=True, text=True, check=True)
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
 @pytest.fixture
-def fake_matrix(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Make the in-process flashgen read FAKE_MATRIX instead of asking a binary."""
+def fake_matrix(monkeypatch: pytest.MonkeyPatch, described: dict[str, Any]) -> dict[str, Any]:
+    """Make the in-process flashgen read FAKE_MATRIX instead of asking a binary (its C ABI and
+    wheel layout are the binary's)."""
     from flashgen import _install, _matrix
 
+    for key in ("abi", "wheel", "capabilities"):
+        FAKE_MATRIX[key] = described[key]
+    for mod, spec in FAKE_MATRIX["modules"].items():
+        spec["args_struct"] = described["modules"][mod]["args_struct"]
     _matrix._reset_for_tests()
     monkeypatch.setattr(_install, "_matrix_cache", FAKE_MATRIX)
     return FAKE_MATRIX

@@ -157,7 +157,11 @@ def run_batch(dtype: str, head_dim: int, page_size: int, variant: Any, layout: s
 
 
 def precompiled(module: str) -> list[dict[str, Any]]:
-    return [r["params"] for r in flashgen.list_variants(module) if r["precompiled"]]
+    """The params of every precompiled instance of ``module``; the test skips when there is none."""
+    rows = [r["params"] for r in flashgen.list_variants(module) if r["precompiled"]]
+    if not rows:
+        pytest.skip(f"this flashgen precompiles no {module} instance (a source checkout)")
+    return rows
 
 
 # ---- every precompiled instance -------------------------------------------------------------------
@@ -165,19 +169,13 @@ def precompiled(module: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_single_decode_every_precompiled_instance(layout: str) -> None:
-    rows = precompiled("single_decode")
-    if not rows:
-        pytest.skip("this flashgen precompiles no single_decode instance (a source checkout)")
-    for p in rows:
+    for p in precompiled("single_decode"):
         run_single(p["dtype"], p["head_dim"], p["variant"], layout)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_batch_decode_every_precompiled_instance(layout: str) -> None:
-    rows = precompiled("batch_decode")
-    if not rows:
-        pytest.skip("this flashgen precompiles no batch_decode instance")
-    for p in rows:
+    for p in precompiled("batch_decode"):
         run_batch(p["dtype"], p["head_dim"], p["page_size"], p["variant"], layout)
 
 

@@ -60,24 +60,37 @@ def test_a_backend_the_device_cannot_run_is_a_clear_error(flashgen_bin: Path) ->
     with pytest.raises(ValueError, match=r"backend='sm100' is not a backend of kern; it has sm90 \(9.0a only\), "
                                          "portable"):
         mx.with_backend("kern", {"width": 32, "backend": "sm100"}, (9, 0))
-    # A matrix whose every backend is limited: a device none of them runs on gets the list.
+    # A device none of the backends runs on gets the list.
     data = _describe(flashgen_bin)
-    data["modules"]["kern"]["backends"]["order"] = data["modules"]["kern"]["backends"]["order"][:1]
+    for row in data["modules"]["kern"]["backends"]["by_device"]:
+        row["backends"] = [b for b in row["backends"] if b != "portable"]
     with pytest.raises(ValueError, match=r"no backend of kern runs on a GPU of compute capability 8.0: "
-                                         r"sm90 \(9.0a only\)"):
+                                         r"sm90 \(9.0a only\), portable"):
         Matrix(data).with_backend("kern", {"width": 32}, (8, 0))
 
 
 def test_the_choice_is_read_not_derived(flashgen_bin: Path) -> None:
-    """Change the binary's rows and the choice follows them: Python holds no arch rule."""
+    """Change the binary's table and the choice follows it: Python holds no rule of its own."""
     from flashgen._matrix import Matrix
 
     data = copy.deepcopy(_describe(flashgen_bin))
-    order = data["modules"]["kern"]["backends"]["order"]
-    order[0]["runs_on"] = [{"target": "sm_80", "min": [8, 0], "max": [8, 9]}]
+    for row in data["modules"]["kern"]["backends"]["by_device"]:
+        row["backends"] = list(reversed(row["backends"]))
     mx = Matrix(data)
-    assert mx.with_backend("kern", {"width": 32}, (8, 6))["backend"] == "sm90"
+    assert mx.with_backend("kern", {"width": 32}, (8, 6))["backend"] == "portable"
     assert mx.with_backend("kern", {"width": 32}, (9, 0))["backend"] == "portable"
+    data["modules"]["kern"]["backends"]["by_device"] = [
+        {"min": [1, 0], "max": [99, 9], "backends": ["sm90"], "supports": "on this device kern supports backend 'sm90'"}]
+    assert Matrix(data).with_backend("kern", {"width": 32}, (8, 6))["backend"] == "sm90"
+
+
+def test_the_table_covers_every_capability_once(flashgen_bin: Path) -> None:
+    """The binary's by_device rows tile 1.0..99.9 (every capability it accepts) without overlap."""
+    rows = _describe(flashgen_bin)["modules"]["kern"]["backends"]["by_device"]
+    assert rows[0]["min"] == [1, 0] and rows[-1]["max"] == [99, 9]
+    for a, b in zip(rows, rows[1:]):
+        nxt = [a["max"][0], a["max"][1] + 1] if a["max"][1] < 9 else [a["max"][0] + 1, 0]
+        assert b["min"] == nxt, (a, b)
 
 
 def test_the_loader_and_the_binary_choose_alike(flashgen_bin: Path, build_env: dict[str, str],
@@ -95,6 +108,14 @@ def test_the_loader_and_the_binary_choose_alike(flashgen_bin: Path, build_env: d
         major, minor = map(int, cc.split("."))
         assert json.loads(proc.stdout)["params"]["backend"] == mx.with_backend("kern", {"width": 64},
                                                                                (major, minor))["backend"], cc
+    # And they refuse alike, in the same words (the binary's templates, filled).
+    proc = subprocess.run([str(flashgen_bin), "--config", str(CONFIG), "jit", "--device-cc", "8.0", "--no-compile",
+                           "--module", "kern", "--where", "backend=sm90", "--where", "width=64"],
+                          capture_output=True, text=True, env=env)
+    with pytest.raises(ValueError) as err:
+        mx.with_backend("kern", {"width": 64, "backend": "sm90"}, (8, 0))
+    message, hint = str(err.value).split(".\n\n")
+    assert proc.returncode != 0 and f"error: {message}\n\nhint: {hint}" in proc.stderr, (proc.stderr, str(err.value))
 
 
 # ---- the public API's backend= (fake matrix, no GPU) ---------------------------------------------
@@ -109,7 +130,8 @@ def test_backend_keyword_for_a_module_with_one_implementation(fake_matrix: Any) 
         flashgen.single_decode(FakeCudaTensor((32, 128)), k, k, backend="portable")
 
 
-def test_backend_keyword_reaches_the_loader(fake_matrix: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backend_keyword_reaches_the_loader(fake_matrix: Any, flashgen_bin: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """With a backend axis in the matrix, ``backend=`` names the instance's backend and leaving it
     out leaves the choice to the loader (which picks per device, as tested above)."""
     from flashgen import _common, _install, _matrix
@@ -117,9 +139,7 @@ def test_backend_keyword_reaches_the_loader(fake_matrix: Any, monkeypatch: pytes
     data = copy.deepcopy(fake_matrix)
     mod = data["modules"]["single_prefill"]
     mod["axes"].insert(0, {"name": "backend", "type": "backend", "values": ["sm90", "portable"]})
-    mod["backends"] = {"axis": "backend", "order": [
-        {"name": "sm90", "arch_limit": ["9.0a"], "runs_on": [{"target": "sm_90a", "min": [9, 0], "max": [9, 0]}]},
-        {"name": "portable", "arch_limit": None, "runs_on": None}]}
+    mod["backends"] = _describe(flashgen_bin)["modules"]["kern"]["backends"]  # sm90 (9.0a only), portable
     for inst in [i for i in data["instances"] if i["module"] == "single_prefill"]:
         data["instances"].remove(inst)
         for b in ("sm90", "portable"):

@@ -32,7 +32,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from flashgen._kernels import (  # noqa: E402
-    BatchDecodeArgs, FlashgenError, KernelLibrary, SingleDecodeArgs, params_struct)
+    BatchDecodeArgs, KernelLibrary, SingleDecodeArgs, params_struct)
+from flashgen import FlashgenError  # noqa: E402
 
 SO_DIR = os.environ.get("FLASHGEN_TEST_SO_DIR")
 if not SO_DIR:
@@ -54,24 +55,21 @@ ERRLOG = os.environ.get("FLASHGEN_TEST_ERRLOG")
 TEST_BACKEND = os.environ.get("FLASHGEN_TEST_BACKEND") or None
 
 
-def _backend_axis(module):
-    return next((a for a in MATRIX["modules"][module]["axes"] if a["type"] == "backend"), None)
-
-
 @lru_cache(maxsize=None)
 def backend_for(module):
     """The backend a module's calls take here, or None for a module with one implementation."""
-    axis = _backend_axis(module)
-    if axis is None:
+    from flashgen import _loader, _matrix
+
+    table = _matrix.matrix().module(module).backends
+    if table is None:
         return None
     if TEST_BACKEND:
         return TEST_BACKEND
-    major, minor = torch.cuda.get_device_capability(0)
-    for value in axis["values"]:
-        archs = axis.get("archs", {}).get(value)
-        if archs is None or any(a.rstrip("a") == f"{major}.{minor}" for a in archs):
-            return value
-    pytest.fail(f"{module}: no backend of {axis['values']} runs on compute capability {major}.{minor}")
+    cc = _loader.device_capability()
+    row = table.device(cc)  # the binary's choice for this GPU
+    if row is None or not row.backends:
+        pytest.fail(f"{module}: no backend runs on compute capability {cc[0]}.{cc[1]}")
+    return row.backends[0]
 
 # ---------------------------------------------------------------- case matrix (plain functions)
 

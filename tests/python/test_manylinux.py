@@ -116,7 +116,7 @@ def test_the_jit_of_a_zig_wheel_names_a_missing_zig(
     missing = tmp_path / "no" / "zig"
     got = _load(zig_installed, flashgen_bin, build_env, inst, tmp_path / "cache", FLASHGEN_ZIG=str(missing))
     assert got["error"] == "CompileError"
-    assert "--manylinux 2_17" in got["message"]
+    # The binary took the wheel's glibc target by itself (the loader passes none): it looks for zig.
     assert f"FLASHGEN_ZIG={missing} is not a file" in got["message"]
     # FLASHGEN_MANYLINUX=off: the system's g++, no zig needed (the JIT is disabled here, so the
     # answer is "not in the cache" rather than a compile).

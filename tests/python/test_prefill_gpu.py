@@ -481,6 +481,17 @@ def fill_paged(cache: Any, kv: list[tuple[Any, Any]], pages: list[list[int]], la
             cache[idx, j] = padded
 
 
+def shuffled_pages(npages: list[int], total: int, gen: Any) -> tuple[list[int], list[list[int]]]:
+    """Distinct random pages among ``total`` for requests of ``npages`` pages each: all of them
+    in request order (the kv_indices) and each request's own."""
+    perm = torch.randperm(total, generator=gen, device=DEV)[:sum(npages)].tolist()
+    pages, at = [], 0
+    for p in npages:
+        pages.append(perm[at:at + p])
+        at += p
+    return perm, pages
+
+
 def make_paged(kv_lens: list[int], page_size: int, hkv: int, d: int, layout: str, dtype: str,
                gen: Any, spare: int = 3) -> tuple[Any, ...]:
     """Shuffled pages for kv_lens (plus `spare` pages nobody owns): (cache, kv_indptr,
@@ -491,11 +502,7 @@ def make_paged(kv_lens: list[int], page_size: int, hkv: int, d: int, layout: str
     total = used + spare
     shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
     cache = torch.empty(shape, device=DEV, dtype=DTYPES[dtype])
-    perm = torch.randperm(total, generator=gen, device=DEV)[:used].tolist()
-    pages, at = [], 0
-    for p in npages:
-        pages.append(perm[at:at + p])
-        at += p
+    perm, pages = shuffled_pages(npages, total, gen)
     kv = [(rand((n, hkv, d), dtype, gen), rand((n, hkv, d), dtype, gen)) for n in kv_lens]
     fill_paged(cache, kv, pages, layout)
     indices = torch.tensor(perm, dtype=torch.int32, device=DEV)
@@ -521,6 +528,18 @@ def rope_offsets(batch: int, rng: random.Random) -> tuple[list[int], list[int]]:
     q = [rng.randrange(0, 40000) for _ in range(batch)]
     k = [rng.randrange(0, 40000) for _ in range(batch)]
     return q, k
+
+
+def _rope_offset_kwargs(case: dict[str, Any], kw: dict[str, Any], batch: int,
+                        rng: random.Random) -> tuple[list[int], list[int]]:
+    """The case's RoPE offsets (zeros unless ``case["offsets"]``), set as the call's tensors in
+    ``kw`` when it has them."""
+    if not case["offsets"]:
+        return [0] * batch, [0] * batch
+    q_off, k_off = rope_offsets(batch, rng)
+    kw["q_rope_offset"] = torch.tensor(q_off, dtype=torch.int32, device=DEV)
+    kw["kv_rope_offset"] = torch.tensor(k_off, dtype=torch.int32, device=DEV)
+    return q_off, k_off
 
 
 # ---------------------------------------------------------------- running cases
@@ -579,11 +598,7 @@ def run_batch(case: dict[str, Any], lens: list[tuple[int, int]] | None = None) -
     live_kv = [n for n in kv_lens if n] or [1]
     params = variant_params(case["variant"], min(live_kv), hq, rng)
     kw = _api_kwargs(case, params)
-    q_off, k_off = [0] * len(lens), [0] * len(lens)
-    if case["offsets"]:
-        q_off, k_off = rope_offsets(len(lens), rng)
-        kw["q_rope_offset"] = torch.tensor(q_off, dtype=torch.int32, device=DEV)
-        kw["kv_rope_offset"] = torch.tensor(k_off, dtype=torch.int32, device=DEV)
+    q_off, k_off = _rope_offset_kwargs(case, kw, len(lens), rng)
     out = poisoned(tuple(q.shape), dt)
     if case["kind"] == "paged":
         cache, kv_indptr, kv_indices, last, per = make_paged(kv_lens, case["page_size"], HKV, d, layout, dt, gen)
@@ -836,9 +851,9 @@ def agree_cases() -> list[dict[str, Any]]:
 def _backends_here(module: str) -> list[str]:
     from flashgen import _loader, _matrix
 
-    mod = _matrix.matrix().module(module)
-    cc = _loader.device_capability()
-    return [b.name for b in mod.backends if b.runs_on_device(cc)]
+    table = _matrix.matrix().module(module).backends
+    row = table.device(_loader.device_capability()) if table is not None else None
+    return list(row.backends) if row is not None else []
 
 
 @pytest.mark.parametrize("case", [dict(c, backend=None, both_backends=True) for c in agree_cases()], ids=case_id)
@@ -947,11 +962,7 @@ def test_batch_mixing_1_token_and_100k_token_requests(case: dict[str, Any]) -> N
     q = rand((sum(qo_lens), hq, d), dt, gen)
     params = variant_params(case["variant"], 1000, hq, rng)
     kw = _api_kwargs(case, params)
-    q_off, k_off = [0] * len(lens), [0] * len(lens)
-    if case["offsets"]:
-        q_off, k_off = rope_offsets(len(lens), rng)
-        kw["q_rope_offset"] = torch.tensor(q_off, dtype=torch.int32, device=DEV)
-        kw["kv_rope_offset"] = torch.tensor(k_off, dtype=torch.int32, device=DEV)
+    q_off, k_off = _rope_offset_kwargs(case, kw, len(lens), rng)
     out = poisoned(tuple(q.shape), dt)
     if case["kind"] == "paged":
         cache, kv_indptr, kv_indices, last, per = make_paged(kv_lens, 16, HKV, d, layout, dt, gen)
@@ -1187,11 +1198,7 @@ def test_cuda_graph_capture_then_replay_with_new_lengths(case: dict[str, Any]) -
         if paged:
             pages_per = _partition(n_pages, GRAPH_PAGE_SHARES[i])
             kv = [(p - 1) * ps + rng.randint(1, ps) if p else 0 for p in pages_per]
-            perm = torch.randperm(n_pages + 2, generator=gen, device=DEV)[:n_pages].tolist()
-            pages, at = [], 0
-            for p in pages_per:
-                pages.append(perm[at:at + p])
-                at += p
+            perm, pages = shuffled_pages(pages_per, n_pages + 2, gen)
             per = [(rand((n, HKV, d), dt, gen), rand((n, HKV, d), dt, gen)) for n in kv]
             fill_paged(cache, per, pages, layout)
             kv_indptr.copy_(indptr(pages_per))

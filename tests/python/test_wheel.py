@@ -320,7 +320,7 @@ def test_every_precompiled_binary_holds_its_instance_and_guards_its_abi(fresh_ve
         "import json, os\n"
         "os.environ['FLASHGEN_DISABLE_JIT'] = '1'\n"
         "from flashgen import _install, _loader\n"
-        "from flashgen._kernels import FlashgenError, args_struct\n"
+        "from flashgen import FlashgenError\nfrom flashgen._kernels import args_struct\n"
         "def text(params):\n"
         "    fmt = lambda v: ('true' if v else 'false') if isinstance(v, bool) else str(v)\n"
         "    return ' '.join(f'{k}={fmt(v)}' for k, v in params.items())\n"
