@@ -365,14 +365,6 @@ pub fn tree_rules() -> TreeRules {
     }
 }
 
-/// What the PEP 517 backend reads (`backend/metadata.json`, a copy a test keeps equal to this):
-/// it writes an sdist without Rust.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BackendData {
-    pub metadata: PackageMetadata,
-    pub tree: TreeRules,
-}
-
 /// `describe`'s `wheel`: how an installed wheel is laid out, and its metadata.
 #[derive(Debug, Clone, Serialize)]
 pub struct WheelData {
@@ -482,6 +474,13 @@ mod tests {
             let c = entry.replace("{module}", "<module>");
             assert!(header.contains(&format!("int {c}(")), "abi.h lacks {c}");
         }
+    }
+
+    /// What the PEP 517 backend reads (`backend/metadata.json`): it writes an sdist without Rust.
+    #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+    struct BackendData {
+        metadata: PackageMetadata,
+        tree: TreeRules,
     }
 
     /// The PEP 517 backend's copy of the metadata and tree rules (it needs no Rust to write an

@@ -223,7 +223,15 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let again = t
         .cmd()
         .env("FLASHGEN_CACHE_DIR", t.path("cold-cache"))
-        .args(["build-wheel", "--release", "--out", "dist-again", "-q", "-j", "2"])
+        .args([
+            "build-wheel",
+            "--release",
+            "--out",
+            "dist-again",
+            "-q",
+            "-j",
+            "2",
+        ])
         .args(["--build-dir", "build-again"])
         .output()
         .unwrap();
