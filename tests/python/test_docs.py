@@ -35,7 +35,8 @@ PENDING_FILES = {"include/flashgen/README.md"}
 
 
 def _docs() -> list[Path]:
-    return [REPO / "README.md", REPO / "DEVELOPERS.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", REPO / "DEVELOPERS.md", REPO / "BENCHMARKS.md", REPO / "CHANGELOG.md",
+            REPO / "benches" / "NOTES-history.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
