@@ -134,10 +134,12 @@ def test_examples_pass_every_check_up_to_the_gpu(doc: str, flashgen_bin: Path,
     monkeypatch.setattr(_tensor, "_torch_tensor", None)
     monkeypatch.setattr(_tensor, "_by_type", {})
 
-    def no_driver() -> Any:
+    def no_driver(*_: Any) -> Any:
         raise _ReachedGPU
 
-    monkeypatch.setattr(_cuda, "driver", no_driver)  # the same on a machine with a GPU
+    # The same on a machine with a GPU (whose compute capability an earlier test may have cached).
+    monkeypatch.setattr(_cuda, "driver", no_driver)
+    monkeypatch.setattr(_cuda, "compute_capability", no_driver)
     program = _program(doc)
     namespace: dict[str, Any] = {}
     reached = 0
