@@ -10,7 +10,7 @@
 # SECONDS: the call's own limit; the suites get what the build leaves (default 590).
 # SAVE=1 also leaves the wheels in $OUT/wheels, cut into 15 MiB parts (a device call returns no
 # larger file); WHEELS=DIR skips the build and tests the wheels in DIR (parts are joined first),
-# for a later call. SUITES: which of "first api prefill decode" to run (default: all).
+# for a later call. SUITES: which of "first api prefill decode docs" to run (default: all).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/flashgen-release}
@@ -67,7 +67,7 @@ suite() {  # name, then pytest arguments; each suite gets what is left, less a m
   echo "pytest ($name) rc=$rc in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed|^SKIPPED" "$OUT/pytest_$name.log" | cut -c1-220 | tail -12
 }
-SUITES=${SUITES:-first api prefill decode}
+SUITES=${SUITES:-first api prefill decode docs}
 want() { [[ " $SUITES " == *" $1 "* ]]; }
 if want first; then
   python3 benches/first_call.py precompiled > "$OUT/first_call.log" 2>&1
@@ -77,6 +77,7 @@ want api && suite api tests/python/test_api_gpu.py
 want prefill && suite prefill tests/python/test_prefill_gpu.py
 kernels=$(ls -d "$SITE"/flashgen_kernels_*/_aot | head -1)
 want decode && FLASHGEN_TEST_SO_DIR=$kernels suite decode tests/python/test_decode_gpu.py
+want docs && FLASHGEN_BIN="$SITE/flashgen/_bin/flashgen" suite docs tests/python/test_docs.py
 echo "left: $(left) s"
 # A device call returns at most 8 files: the logs travel as one archive beside the wheel parts.
 tar -C "$OUT" -czf /tmp/flashgen-release-logs.tgz --exclude=./wheels . \
