@@ -24,17 +24,18 @@
 #include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill_io.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 #include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/kv_source.cuh"
-#include "flashgen/prefill/kernel.cuh"
 #include "flashgen/prefill/mask.cuh"
 #include "flashgen/prefill/rope.cuh"
 #include "flashgen/prefill/scheduler.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/traits.cuh"
+#include "flashgen/hopper/tuning.cuh"
 #include "flashgen/hopper/wgmma.cuh"
 
 namespace flashgen {
@@ -76,80 +77,25 @@ struct BlockSlot {
   uint32_t ok;  // 0: no block (the CTA's work is done)
 };
 
-/** Order of a persistent CTA's blocks in single prefill: 0 round-robin, 1 snake (see block_of).
- *  Snake lets causal single prefill run persistent over few rounds (launch.cuh, grid_ctas);
- *  non-causal 8192 measured the same either way (647.9 / 647.2 against 650.0 / 645.6 TFLOP/s,
- *  NOTES-hopper run 10). Batch kernels keep round-robin (paged) or the dynamic order (ragged). */
-#ifndef FLASHGEN_HOPPER_BLOCK_ORDER
-#define FLASHGEN_HOPPER_BLOCK_ORDER 1
-#endif
-
-/** Rows in flight per thread of the page-size-1 gather (each needs its page index and source
- *  address in the producer's 24 registers): 4 spilled 12-60 B in every such kernel. */
-#ifndef FLASHGEN_HOPPER_GATHER_UNROLL
-#define FLASHGEN_HOPPER_GATHER_UNROLL 2
-#endif
-
-/** Dynamic block order: 1, a persistent CTA's first block is blockIdx.x and each next one comes
- *  from an atomic counter in the workspace (zeroed by the prep kernel), so CTAs take the
- *  (heavy-first) blocks in order as they free up; 0, the static order of block_of. Where it
- *  applies: hopper_dynamic_order. */
-#ifndef FLASHGEN_HOPPER_DYNAMIC
-#define FLASHGEN_HOPPER_DYNAMIC 1
-#endif
-
-/** Experiment (FA4's trick): in mask-free tiles, every N-th score's exp2 on the FMA pipe
- *  (exp2_fma) instead of the MUFU unit, which computes 16 exp2 per clock per SM. 0: off. */
-#ifndef FLASHGEN_HOPPER_EXP2_FMA_EVERY
-#define FLASHGEN_HOPPER_EXP2_FMA_EVERY 0
-#endif
-
-/** 2^x for finite x <= 127 on the FMA pipe: x = j + r, |r| <= 1/2 (round to nearest by the
- *  1.5 * 2^23 trick), 2^r by its degree-4 Taylor polynomial (relative error < 5e-5, under the
- *  bf16/f16 rounding of P), 2^j added to the exponent bits. x < -126 gives 2^-126 or less. */
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = x + 12582912.f;
-  const int j = __float_as_int(t) - 0x4B400000;
-  const float r = x - (t - 12582912.f);
-  float p = fmaf(0.0013333558f, r, 0.0096181291f);
-  p = fmaf(p, r, 0.0555041087f);
-  p = fmaf(p, r, 0.2402265070f);
-  p = fmaf(p, r, 0.6931471806f);
-  p = fmaf(p, r, 1.0f);
-  return __int_as_float(__float_as_int(p) + (j << 23));
-}
-
-/** Independent partial maxima / sums per row in the softmax (1: one dependent chain, the
- *  default: run 5 measured 4 and 8 partials 0-3% slower). */
-#ifndef FLASHGEN_HOPPER_REDUCE_PARTIALS
-#define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
-#endif
-
-#ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
-#define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
-#endif
-
 /** Paged K/V by TMA (one 5-D box per page and 64-column block) when pages tile the kv tile in
- *  whole 1024-byte swizzle atoms (page sizes that are multiples of 8 dividing it); else (page
- *  size 1) the producer warpgroup gathers rows with cp.async. A gather of page-16 tiles, with one
- *  page-table load per page and lane, measured 10-15 % under TMA in the harness (NOTES-hopper
- *  run 12). */
+ *  whole 1024-byte swizzle atoms (page sizes that are multiples of 8 dividing it; a gather of
+ *  such pages is slower than the boxes); else (page size 1) the producer warpgroup gathers rows
+ *  with cp.async. */
 template <int TILE_KV, int PAGE_SIZE>
 __host__ __device__ constexpr bool hopper_paged_tma() {
   return PAGE_SIZE > 0 && PAGE_SIZE % 8 == 0 && TILE_KV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
 }
 
 /** Whether a kernel takes its blocks in the dynamic order (host and device: the launch sizes
- *  the grid and has the prep kernel zero the counter accordingly). Batch kernels over
- *  contiguous K/V only. Single prefill keeps the static order: zeroing the counter needs a
- *  memset node ahead of the kernel (no prep kernel there), which cost causal 1024 7 %, and the
- *  persistent grid cost causal d256 8192 7.5 % (session 10's A/B, NOTES-hopper.md). Paged
- *  producers keep it too: reading the ring cost the 24-register copy warp 44-92 bytes of
- *  spills. */
+ *  the grid and has the prep kernel zero the counter accordingly): a persistent CTA's first
+ *  block is blockIdx.x and each next one comes from an atomic counter in the workspace (zeroed
+ *  by the prep kernel), so CTAs take the heavy-first blocks in order as they free up. Batch
+ *  kernels over contiguous K/V only: single prefill has no prep kernel to zero the counter (a
+ *  memset node costs short calls more than the order gains), and in paged kernels reading the
+ *  ring spills the 24-register copy warp. */
 template <bool BATCH, int PAGE_SIZE>
 __host__ __device__ constexpr bool hopper_dynamic_order() {
-  return FLASHGEN_HOPPER_DYNAMIC != 0 && BATCH && PAGE_SIZE == 0;
+  return BATCH && PAGE_SIZE == 0;
 }
 
 /**
@@ -259,10 +205,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   uint8_t* variant_smem = smem + Traits::kVariantOffset;
 
   // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
-  // grid) or snake (odd rounds reversed, so the CTA that took the heaviest block of a round
-  // takes the lightest of the next: blocks come heavy-first).
-  constexpr bool kSnake =
-      FLASHGEN_HOPPER_BLOCK_ORDER == 1 && std::is_same_v<Sched, prefill::SingleSched>;
+  // grid) in the batch kernels, snake in single prefill (odd rounds reversed, so the CTA that
+  // took the heaviest block of a round takes the lightest of the next: blocks come heavy-first;
+  // it lets causal single prefill run persistent over few rounds, launch.cuh's grid_ctas).
+  constexpr bool kSnake = std::is_same_v<Sched, prefill::SingleSched>;
   auto block_of = [&](uint32_t round) -> uint32_t {
     const uint32_t c = (kSnake && (round & 1u))
                            ? gridDim.x - 1u - blockIdx.x
@@ -444,7 +390,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       constexpr uint32_t kRowStep = 128 / kChunks;
       constexpr int kPasses = kTileKV / int(kRowStep);
       static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
-      constexpr int kGatherUnroll = FLASHGEN_HOPPER_GATHER_UNROLL;  // (pragmas expand no macros)
       const uint32_t c = tid % kChunks, r0 = tid / kChunks;
       uint32_t g = 0;
       for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
@@ -699,72 +644,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     if constexpr (kSoftmax) {
-      // Row max and row sum over kReduce independent partials per row (an ILP experiment after
-      // ncu showed latency-bound softmax warps; no gain measured, see NOTES-hopper.md run 5).
-      // With a fixed reference (LogitsRange) there is no max and no rescale.
-      constexpr int kReduce = FLASHGEN_HOPPER_REDUCE_PARTIALS;
+      // Row max and row sum, one dependent chain per row. With a fixed reference (LogitsRange)
+      // there is no max and no rescale.
       scale[0] = scale[1] = 1.f;
       if (!fixed_max) {
-      float mp[2][kReduce];
+        float mx[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) mx[h] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
 #pragma unroll
-        for (int k = 0; k < kReduce; ++k) mp[h][k] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
-      }
+        for (int i = 0; i < kS; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
 #pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        mp[(i / 2) % 2][(i / 4) % kReduce] = fmaxf(mp[(i / 2) % 2][(i / 4) % kReduce], s[i]);
-      }
-      float mx[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = mp[h][0];
-#pragma unroll
-        for (int k = 1; k < kReduce; ++k) mx[h] = fmaxf(mx[h], mp[h][k]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
-        if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        if (mx[h] > m[h] + float(FLASHGEN_HOPPER_RESCALE_THRESHOLD)) {
-          scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
-          m[h] = mx[h];
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
+          if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          if (mx[h] > m[h] + kRescaleThreshold) {
+            scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
+            m[h] = mx[h];
+          }
         }
-      }
       }
       float m_ref[2] = {lse::reference(m[0]), lse::reference(m[1])};
       if constexpr (kLinearBias) {
         m_ref[0] -= row_base[0];
         m_ref[1] -= row_base[1];
       }
-      float sp[2][kReduce];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int k = 0; k < kReduce; ++k) sp[h][k] = 0.f;
-      }
+      float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
-        constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
         const float x = kTanhCap ? fmaf(s[i], logit_scale, -m_ref[h]) : s[i] - m_ref[h];
-        if constexpr (kEvery > 0 && !kMask) {
-          // mask-free tile: every score is finite (no -inf reaches exp2_fma)
-          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(x) : math::ptx_exp2(x);
-        } else {
-          s[i] = math::ptx_exp2(x);
-        }
-        sp[h][(i / 4) % kReduce] += s[i];
+        s[i] = math::ptx_exp2(x);
+        sum[h] += s[i];
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float sum = sp[h][0];
-#pragma unroll
-        for (int k = 1; k < kReduce; ++k) sum += sp[h][k];
-        l[h] = l[h] * scale[h] + sum;
-      }
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * scale[h] + sum[h];
     } else {
       float sum[2] = {0.f, 0.f};
 #pragma unroll

@@ -53,6 +53,7 @@
 #include "flashgen/hopper/kernel.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/traits.cuh"
+#include "flashgen/hopper/tuning.cuh"
 
 namespace flashgen {
 namespace hopper {
@@ -93,32 +94,13 @@ template <typename Traits, int MASK, int POS, typename Variant, typename Params,
 struct HopperKernelTag {};
 
 /** Persistent grid: at most one CTA per SM, each looping over blocks (single prefill: snake,
- *  FLASHGEN_HOPPER_BLOCK_ORDER), so the producer loads the next block's first K/V tiles during
- *  the current block's epilogue and the CTA start is paid once per SM. -1 (default): persistent,
- *  except for causal single prefill with more than FLASHGEN_HOPPER_SNAKE_ROUNDS rounds of blocks
- *  (blocks / SMs); 0 never; 1 always. Measured (run 3, TFLOP/s, one CTA per block / persistent
- *  round-robin / snake): single none d128 8192 639 / 657 / 652; single causal 8192 632 / 596 /
- *  638; causal 32768 676 / 630 / 653 (over many rounds a static assignment of causal tiles of
- *  unequal length balances worse than the hardware's dispatch); ragged causal 16 x 512..4096
- *  445 / 463 / 447. Over fewer rounds the snake gives every CTA about the same work (a long tile
- *  and a short one per two rounds): run 10, d128 32 heads, one CTA per block against snake up to
- *  16 rounds, two calls: causal 1024 (1.9 rounds) 238.8 / 237.6 against 244.7 / 247.6, 2048
- *  (3.9) 378.9 / 378.5 against 392.0 / 398.7, 4096 (7.8) 528.3 / 529.8 against 552.3 / 547.7,
- *  8192 (15.5) 626.2 / 623.5 against 629.1 / 629.6, 1024 with 8 kv heads 271.4 / 269.5 against
- *  277.6 / 276.7; 32768 (62 rounds) stays one CTA per block. */
-#ifndef FLASHGEN_HOPPER_PERSISTENT
-#define FLASHGEN_HOPPER_PERSISTENT -1
-#endif
-#ifndef FLASHGEN_HOPPER_SNAKE_ROUNDS
-#define FLASHGEN_HOPPER_SNAKE_ROUNDS 16
-#endif
-
+ *  scheduler.cuh), so the producer loads the next block's first K/V tiles during the current
+ *  block's epilogue and the CTA start is paid once per SM; one CTA per block for causal single
+ *  prefill over more than kSnakeRounds rounds (tuning.cuh). */
 inline uint32_t grid_ctas(int64_t blocks, const DeviceInfo& dev, bool causal_single) {
   const int64_t persistent_ctas = std::min<int64_t>(blocks, dev.sm_count);
-  const bool few_rounds = blocks <= int64_t(FLASHGEN_HOPPER_SNAKE_ROUNDS) * dev.sm_count;
-  const bool persistent =
-      FLASHGEN_HOPPER_PERSISTENT == 1 ||
-      (FLASHGEN_HOPPER_PERSISTENT == -1 && (!causal_single || few_rounds));
+  const bool few_rounds = blocks <= int64_t(kSnakeRounds) * dev.sm_count;
+  const bool persistent = !causal_single || few_rounds;
   return uint32_t(persistent ? persistent_ctas : blocks);
 }
 
