@@ -12,6 +12,7 @@ BASE="${1:-HEAD}"
 NVCC="${NVCC:-$ROOT/.venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc}"
 FLASHGEN="${FLASHGEN:-$ROOT/target/release/flashgen}"
 JOBS="${JOBS:-2}"
+BASE_SHA="$(git -C "$ROOT" rev-parse --short "$BASE")"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
@@ -103,7 +104,7 @@ batch_decode dtype=f16 head_dim=128 page_size=16 pos_encoding=rope_llama variant
 # The two trees: BASE's include/, csrc/ and tests/cuda/ from git; the working tree's copied, so
 # both compile from paths of the same shape.
 mkdir -p "$TMP/base" "$TMP/work"
-git -C "$ROOT" archive "$BASE" include csrc tests/cuda | tar -x -C "$TMP/base"
+git -C "$ROOT" archive "$BASE_SHA" include csrc tests/cuda | tar -x -C "$TMP/base"
 (cd "$ROOT" && cp -r include csrc tests "$TMP/work/")
 
 compile_instance() {  # n module where...
@@ -171,5 +172,5 @@ for f in "$TMP"/gen/*.name; do
   fi
 done
 echo "summary: $same identical, $sass_same sass-identical, $diff different, $missing missing" \
-  "(base $(git -C "$ROOT" rev-parse --short "$BASE"), working tree)"
+  "(base $BASE_SHA, working tree)"
 [ "$diff" -eq 0 ]

@@ -1,8 +1,7 @@
 /**
  * @brief What both prefill backends (the portable kernel, prefill/kernel.cuh, and the sm90 one,
  * hopper/prefill/) read and write alike: 8-value packing of 16-bit data, the query as a kernel
- * stages it (RoPE and the variant's QueryTransform applied), one 16-byte chunk of the output, and
- * the split-KV partials. Neutral: no backend's kernel is included here.
+ * stages it (RoPE and the variant's QueryTransform applied), and the split-KV partials. Neutral: no backend's kernel is included here.
  */
 #pragma once
 
@@ -69,22 +68,6 @@ __device__ __forceinline__ void load_query_chunks(const Params& params, Variant&
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) lo[j] = hi[j] = 0.f;
-  }
-}
-
-/** One 16-byte chunk (dims 8c..8c+7) of the output at packed row p (token p / G, query head
- *  kv_head * G + p % G) from the kernel's staged copy at `src()`; nothing for a row past qo_len. */
-template <typename Params, typename Src>
-__device__ __forceinline__ void store_output_chunk(const Params& params, const RequestInfo& rq,
-                                                   int32_t qo_len, uint32_t kv_head, uint32_t G,
-                                                   uint32_t p, uint32_t c, Src src) {
-  using DTypeO = typename Params::DTypeO;
-  const int32_t token = int32_t(p / G);
-  if (token < qo_len) {
-    const uint32_t head = kv_head * G + p % G;
-    DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n +
-                  int64_t(head) * params.o_stride_h + c * 8;
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src());
   }
 }
 

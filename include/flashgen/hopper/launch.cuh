@@ -50,7 +50,7 @@
 #include "flashgen/prefill/merge.cuh"
 #include "flashgen/prefill/rope_k.cuh"
 #include "flashgen/prefill/scheduler.cuh"
-#include "flashgen/hopper/kernel.cuh"
+#include "flashgen/hopper/prefill/kernel.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/traits.cuh"
 #include "flashgen/hopper/tuning.cuh"
@@ -58,8 +58,9 @@
 namespace flashgen {
 namespace hopper {
 
-/** The dynamic block order's counter (kernel.cuh), 256 bytes at the end of a batch workspace;
- *  the prep kernel zeroes it on every call (so a replayed graph starts from zero too). */
+/** The dynamic block order's counter (hopper/prefill/scheduler.cuh), 256 bytes at the end of a
+ *  batch workspace; the prep kernel zeroes it on every call (so a replayed graph starts from zero
+ *  too). */
 inline void add_block_counter(prefill::WorkspaceLayout* w) {
   w->counter_off = w->total;
   w->total += 256;
@@ -80,6 +81,18 @@ inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t n
   p.ws.split_units = su;
   if (p.splits <= 1 && POS != prefill::kPosRopeLlama) p.ws.total = 0;
   return p;
+}
+
+/** The RoPE pre-pass (prefill/rope_k.cuh's kernel `rk`) over `rows` key rows into `out`, the
+ *  rotated copy in the workspace; `dependent`: a programmatic dependent launch (it follows the
+ *  prep kernel). Nothing for no rows. */
+template <int HEAD_DIM, typename Kernel, typename Params, typename DType>
+inline int launch_rope_k(const char* what, Kernel rk, const Params& p, DType* out, int64_t rows,
+                         bool dependent, const DeviceInfo& dev, cudaStream_t stream) {
+  if (rows <= 0) return FLASHGEN_OK;
+  const int64_t items = rows * p.num_kv_heads * (HEAD_DIM / 16);
+  return launch(what, rk, dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0,
+                stream, dependent, p, out, rows);
 }
 
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
@@ -164,16 +177,13 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rotated = reinterpret_cast<DType*>(base + plan.ws.rope_off);
     rope_k = rotated;
-    if (p.kv_len > 0) {
-      const int64_t items = int64_t(p.kv_len) * p.num_kv_heads * (HEAD_DIM / 16);
-      auto k = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                             typename Params::DTypeO>;
-      if (int st = launch("single_prefill rope_k kernel", k, dim3(prefill::rope_blocks(items, dev)),
-                          prefill::kRopeThreads, 0, stream, false, p, rotated, int64_t(p.kv_len))) {
-        return st;
-      }
-      first = false;
+    auto rk = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                            typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("single_prefill rope_k kernel", rk, p, rotated,
+                                         int64_t(p.kv_len), false, dev, stream)) {
+      return st;
     }
+    if (p.kv_len > 0) first = false;
   }
   if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
                                                               &order_v)) {
@@ -252,15 +262,11 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rotated = reinterpret_cast<DType*>(base + L.rope_off);
     rope_k = rotated;
-    if (kv_rows > 0) {
-      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
-      auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                              typename Params::DTypeO>;
-      if (int st = launch("batch_prefill (sm90) rope_k kernel", rk,
-                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
-                          true, p, rotated, kv_rows)) {
-        return st;
-      }
+    auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                            typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill (sm90) rope_k kernel", rk, p, rotated,
+                                         kv_rows, true, dev, stream)) {
+      return st;
     }
   }
   if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
@@ -311,15 +317,11 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rk_out = reinterpret_cast<DType*>(base + L.rope_off);
     rope_k = rk_out;
-    if (kv_rows > 0) {
-      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
-      auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
-                                             typename Params::DTypeO>;
-      if (int st = launch("batch_prefill_paged (sm90) rope_k kernel", rk,
-                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
-                          true, p, rk_out, kv_rows)) {
-        return st;
-      }
+    auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
+                                           typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill_paged (sm90) rope_k kernel", rk, p, rk_out,
+                                         kv_rows, true, dev, stream)) {
+      return st;
     }
   }
   // TMA (hopper_paged_tma): maps.k is the 5-D map of the page pool (K and V by the k/v
