@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   const prefill::WorkUnit w = b.w;
   const prefill::RequestInfo rq = b.rq;
-  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
+  const uint32_t kv_head = b.kv_head, p0 = b.p0;
   const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
   const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
   Variant variant(params, w.batch, variant_smem);
