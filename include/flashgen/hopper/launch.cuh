@@ -233,6 +233,31 @@ inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, i
       .total;
 }
 
+/** A batch call's workspace plan, checked against `ws`, and its prep kernel (the unit table;
+ *  the dynamic order's counter zeroed). */
+template <typename Traits, int MASK, int POS, typename Params>
+inline int prepare_batch(const char* what, const char* prep_what, const Params& p,
+                         int64_t total_q, int64_t kv_rows, void* ws, int64_t ws_bytes,
+                         const DeviceInfo& dev, cudaStream_t stream,
+                         prefill::WorkspaceLayout* L, int4** table) {
+  *L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads,
+                               dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, L->total)) return st;
+  uint8_t* base = static_cast<uint8_t*>(ws);
+  return prefill::launch_batch_prep<Traits, MASK>(
+      prep_what, p, *L, base, stream, reinterpret_cast<uint32_t*>(base + L->counter_off), table);
+}
+
+/** The merge kernel after a batch call's prefill kernel (split units' partials). */
+template <typename Traits, typename Variant, typename Params>
+inline int launch_batch_merge(const char* what, const Params& p,
+                              const prefill::WorkspaceLayout& L, const prefill::BatchSched& sched,
+                              const prefill::Partials& part, cudaStream_t stream) {
+  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
+  return launch(what, merge, dim3(uint32_t(L.split_units * p.num_kv_heads)),
+                prefill::kMergeThreads, 0, stream, true, p, sched, part);
+}
+
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                 int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
@@ -245,16 +270,14 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if (kv_rows >= (int64_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
-  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
-      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
-  uint8_t* base = static_cast<uint8_t*>(ws);
+  prefill::WorkspaceLayout L;
   int4* table = nullptr;
-  if (int st = prefill::launch_batch_prep<Traits, MASK>(
-          "batch_prefill (sm90) prep kernel", p, L, base, stream,
-          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
+  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill (sm90) prep kernel", p,
+                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
+                                                &table)) {
     return st;
   }
+  uint8_t* base = static_cast<uint8_t*>(ws);
   const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
   KVTensorMaps maps;
   KVMapOrder order_k, order_v;
@@ -287,10 +310,8 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
                       reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
-  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
-  return launch("batch_prefill_ragged (sm90) merge kernel", merge,
-                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
-                true, p, sched, part);
+  return launch_batch_merge<Traits, Variant>("batch_prefill_ragged (sm90) merge kernel", p, L,
+                                             sched, part, stream);
 }
 
 template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
@@ -303,16 +324,14 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   const char* what = "batch_prefill_paged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_paged_inputs<PAGE_SIZE>(what, p)) return st;
-  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
-      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
-  uint8_t* base = static_cast<uint8_t*>(ws);
+  prefill::WorkspaceLayout L;
   int4* table = nullptr;
-  if (int st = prefill::launch_batch_prep<Traits, MASK>(
-          "batch_prefill_paged (sm90) prep kernel", p, L, base, stream,
-          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
+  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill_paged (sm90) prep kernel", p,
+                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
+                                                &table)) {
     return st;
   }
+  uint8_t* base = static_cast<uint8_t*>(ws);
   const DType* rope_k = nullptr;
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rk_out = reinterpret_cast<DType*>(base + L.rope_off);
@@ -359,10 +378,8 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
                       reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
-  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
-  return launch("batch_prefill_paged (sm90) merge kernel", merge,
-                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
-                true, p, sched, part);
+  return launch_batch_merge<Traits, Variant>("batch_prefill_paged (sm90) merge kernel", p, L,
+                                             sched, part, stream);
 }
 
 }  // namespace hopper
