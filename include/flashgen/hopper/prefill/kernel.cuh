@@ -1,14 +1,12 @@
 /**
- * @brief The sm90 prefill kernel (sm_90a): the `__global__` that sequences the roles of the
- * headers beside it in one launch. A CTA is a producer warpgroup (producer.cuh: TMA or gathered
- * K/V into the stages; in the dynamic order its thread 32 is the block scheduler, scheduler.cuh)
- * and kConsumerWGs consumer warpgroups (consumer.cuh), meeting in shared memory (storage.cuh);
- * split units end in epilogue.cuh. Tile shapes: HopperTraits (hopper/traits.cuh); host side:
- * hopper/launch.cuh.
+ * @brief The sm90 prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
+ * and two or three consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x
+ * shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
+ * pipelining). The roles meet in storage.cuh's shared memory; the block's plan and the order
+ * are scheduler.cuh's, the request's K/V rows producer.cuh's; the roles' code itself is still
+ * this body (include/flashgen/README.md says why and what is left).
  *
- * The consumers' part is still written here: wgmma for Q K^T (shared x shared) and P V
- * (registers x shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's
- * intra-warpgroup pipelining). Consumer iteration j (tile kt_j, buffers s_j):
+ * Consumer iteration j (tile kt_j, buffers s_j):
  *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);
  *   mask / LogitsTransform / online softmax of S_j (row max, exp2, row sums) while the P V runs;
  *   wait for the P V (V_{j-1} buffer freed); rescale O if the max rose past the threshold;
@@ -41,8 +39,6 @@
 #include "flashgen/hopper/traits.cuh"
 #include "flashgen/hopper/tuning.cuh"
 #include "flashgen/hopper/wgmma.cuh"
-#include "flashgen/hopper/prefill/consumer.cuh"
-#include "flashgen/hopper/prefill/epilogue.cuh"
 #include "flashgen/hopper/prefill/producer.cuh"
 #include "flashgen/hopper/prefill/scheduler.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
@@ -51,10 +47,13 @@ namespace flashgen {
 namespace hopper {
 
 /**
- * Params: one of the three prefill params structs; Sched maps block -> unit. PAGE_SIZE 0: K/V by
- * TMA through `maps` (single, ragged; `order_k` / `order_v`); paged: the page pool's 5-D map in
- * maps.k (`porder`) or a gather (producer.cuh), with RoPE the rotated keys (`rope_k`, maps.v).
- * part: the split partials; block_counter: the dynamic order's counter.
+ * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). Paged with page sizes that are
+ * multiples of 8 dividing the kv tile (16): TMA too, one 5-D box per page and 64-column block of
+ * the map over the page pool (`maps.k`), issued by warp 0, a box per lane. Other page sizes (1):
+ * the 128 producer threads gather K/V rows with 16-byte cp.async (page table lookups per row,
+ * rows past kv_len zero-filled) into the same 128-byte-swizzled layout the TMA writes, each
+ * thread arriving on the stage's full barrier when its copies land (init count 128). With RoPE
+ * the keys come from the rotated copy in the workspace (`rope_k`, the portable layout).
  */
 template <typename Traits, int MASK, int POS, typename Variant, typename Params, typename Sched,
           int PAGE_SIZE = 0>
@@ -108,14 +107,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t q_addr = st.q_addr();
   auto k_addr = [&](uint32_t s) { return st.k_addr(s); };
   auto v_addr = [&](uint32_t s) { return st.v_addr(s); };
+  const uint32_t bar = st.bar();
   auto full_k = [&](uint32_t s) { return st.full_k(s); };
   auto full_v = [&](uint32_t s) { return st.full_v(s); };
   auto empty_k = [&](uint32_t s) { return st.empty_k(s); };
   auto empty_v = [&](uint32_t s) { return st.empty_v(s); };
+
+  // Dynamic order: the scheduler thread publishes each round's planned block in a two-slot ring.
+  const uint32_t sched_bar = base + Traits::kSchedOffset;
+  auto sched_full = [&](uint32_t k) { return sched_bar + 8 * k; };
+  auto sched_empty = [&](uint32_t k) { return sched_bar + 8 * (2 + k); };
   BlockSlot* const ring = reinterpret_cast<BlockSlot*>(smem + Traits::kSchedOffset + 32);
-  using Scheduler = BlockScheduler<Traits, MASK, POS, Variant, Params, Sched, PAGE_SIZE>;
-  constexpr bool kDynamic = Scheduler::kDynamic;
-  using Producer = PrefillProducer<Traits, POS, Params, Scheduler, PAGE_SIZE>;
+  static_assert(sizeof(BlockSlot) <= Traits::kBlockSlotBytes, "ring slot");
+  constexpr bool kDynamic =
+      hopper_dynamic_order<std::is_same<Sched, prefill::BatchSched>::value, PAGE_SIZE>();
 
   const uint32_t tid = threadIdx.x;
   const uint32_t wg = tid / 128;
@@ -132,8 +137,71 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t G = params.num_qo_heads / num_kv_heads;
   uint8_t* variant_smem = st.variant_smem();
 
-  const Scheduler sch{params,       sched, st,   num_blocks,   num_kv_heads,
-                      G,            variant_smem, ring, block_counter};
+  // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
+  // grid) in the batch kernels, snake in single prefill (odd rounds reversed, so the CTA that
+  // took the heaviest block of a round takes the lightest of the next: blocks come heavy-first;
+  // it lets causal single prefill run persistent over few rounds, launch.cuh's grid_ctas).
+  constexpr bool kSnake = std::is_same_v<Sched, prefill::SingleSched>;
+  auto block_of = [&](uint32_t round) -> uint32_t {
+    const uint32_t c = (kSnake && (round & 1u))
+                           ? gridDim.x - 1u - blockIdx.x
+                           : blockIdx.x;
+    return round * gridDim.x + c;
+  };
+
+  // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
+  // tiles it visits (prefill/mask.cuh's unit_tiles, as in the portable kernel). False: an empty
+  // unit-table slot.
+  auto plan = [&](uint32_t blk, HopperBlock& b) -> bool {
+    b.kv_head = blk % num_kv_heads;
+    b.unit = blk / num_kv_heads;
+    if (!sched.get(b.unit, b.w)) return false;
+    b.rq = prefill::request_info(params, b.w.batch);
+    // Without RoPE nothing reads the offsets; zeroed, their loads are dropped (the plan goes to
+    // shared memory, so they would stay, and the scheduler thread's 24 registers spilled).
+    if constexpr (!kRope) b.rq.q_rope_offset = b.rq.kv_rope_offset = 0;
+    const int32_t qo_len = int32_t(b.rq.qo_len), kv_len = int32_t(b.rq.kv_len);
+    b.qo_len = qo_len;
+    b.kv_len = kv_len;
+    b.p0 = b.w.tile * uint32_t(kTileQ);
+    const int32_t first_token = int32_t(b.p0 / G);
+    const int32_t last_token =
+        int32_t(min(uint32_t(qo_len) * G - 1u, b.p0 + uint32_t(kTileQ) - 1u) / G);
+    const prefill::UnitTiles tiles = prefill::unit_tiles<MASK, kTileKV>(
+        params, b.w.batch, qo_len, kv_len, first_token, last_token, b.w.splits, b.w.chunk,
+        [&]() { return Variant(params, b.w.batch, variant_smem); });
+    b.kt_begin = tiles.begin;
+    b.n_tiles = tiles.end - tiles.begin;
+    b.free_a = tiles.free_a();
+    b.free_b = tiles.free_b();
+    return true;
+  };
+
+  // The block of round `round`, planned into b: true to run it; false, skip it (static order) or
+  // stop (dynamic). Dynamic: the scheduler thread (warp 1 of the producer warpgroup, which
+  // issues no copies) fetches each block after the first from the counter, plans it and
+  // publishes the plan, so the request lookups (unit table, indptrs) are off the other roles'
+  // path; the copy-issuing warp and the consumer warps copy it from the ring, each warp
+  // releasing the slot once its lanes have read it. `mask`: the lanes of the calling warp that
+  // run this code (the dense producer issues from one thread).
+  auto next_block = [&](uint32_t round, uint32_t mask, HopperBlock& b) -> bool {
+    if constexpr (kDynamic) {
+      const uint32_t k = round & 1u;
+      mbar_wait(sched_full(k), (round >> 1) & 1u);
+      b = ring[k].b;
+      const bool ok = ring[k].ok != 0;
+      __syncwarp(mask);
+      if ((threadIdx.x & 31u) == 0) mbar_arrive(sched_empty(k));
+      return ok;
+    } else {
+      const uint32_t blk = block_of(round);
+      return blk < num_blocks && plan(blk, b);
+    }
+  };
+  // The block loops below: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
+  // a block that is not a real unit is skipped in the static order and ends the loop in the
+  // dynamic one (the unit tables list every real unit before the empty slots, so the first
+  // empty one is the end, on both sides alike).
 
   if (wg == 0) {
     // ================= producer: the K/V copies (dense: thread 0; paged page 16: warp 0; page
@@ -141,17 +209,188 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     setmaxnreg_dec<Traits::kProducerRegs>();
     if constexpr (kDynamic) {
       if (tid == 32) {
-        sch.run();
+        // scheduler: plan and publish every round's block, up to the first that is not a real
+        // unit (the end, see above)
+        for (uint32_t round = 0;; ++round) {
+          const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
+          // (a block ahead of the consumers: the plan's loads are off their path)
+          const uint32_t k = round & 1u;
+          mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
+          const bool ok = blk < num_blocks && plan(blk, ring[k].b);
+          ring[k].ok = ok ? 1u : 0u;
+          mbar_arrive(sched_full(k));
+          if (!ok) break;
+        }
         return;
       }
     }
-    const Producer producer{params, st, sch};
     if constexpr (kPagedTma) {
-      if (tid < 32) producer.load_paged_tma(maps, order_v, porder, tid);
+      // Warp 0 issues the copies: lane l owns box l of a tile (page l / kBlocks of the tile,
+      // column block l % kBlocks), loads that page's id a tile ahead (one register, no
+      // shuffles) and issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction
+      // instead of one thread's loop, and the page-table load is off the copy path.
+      if (tid < 32) {
+        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
+        constexpr int kBoxes = kPages * Traits::kBlocks;
+        static_assert(kBoxes <= 32, "one box per lane of the issuing warp");
+        const uint32_t lane = tid;
+        const bool issuer = lane < uint32_t(kBoxes);
+        const int32_t box_page = int32_t(lane) / Traits::kBlocks;
+        const int32_t box_cb = int32_t(lane) % Traits::kBlocks;
+        const uint32_t box_off =
+            uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
+        const uint32_t tail_bar = st.tail_v();
+        uint32_t g = 0, tail_ph = 0;
+        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
+        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
+          const uint8_t a = porder.at[k];
+          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
+        };
+        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+          const uint32_t blk = block_of(round);
+          HopperBlock b;
+          if (blk >= num_blocks || !plan(blk, b)) continue;
+          const int32_t head = int32_t(b.kv_head);
+          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
+          const int32_t* pages = params.kv_indices + b.rq.page0;
+          // this lane's page id for tile j (-1: past the request's pages, zero fill)
+          auto page_of = [&](int32_t j) -> int32_t {
+            const int32_t pi = (b.kt_begin + j) * (kTileKV / PAGE_SIZE) + box_page;
+            return issuer && j < b.n_tiles && pi < n_pages ? __ldg(pages + pi) : -1;
+          };
+          int32_t pid_next = page_of(0);
+          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+            const uint32_t s = g % kStages;
+            const uint32_t ph = (g / kStages) & 1u;
+            const int32_t t0 = (b.kt_begin + j) * kTileKV;
+            const int32_t pid = pid_next;
+            pid_next = page_of(j + 1);  // in flight while the buffers drain
+            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
+              if (issuer) {
+                tma_load_5d(dst + box_off, &maps.k, done, box_cb * 64, coord(0, head, kv, pid),
+                            coord(1, head, kv, pid), coord(2, head, kv, pid),
+                            coord(3, head, kv, pid));
+              }
+            };
+            mbar_wait(empty_k(s), ph ^ 1u);
+            if (lane == 0) mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
+            __syncwarp();
+            if constexpr (kRope) {
+              // rotated keys: the dense workspace rows, as ragged
+              const int32_t row = int32_t(b.rq.kv_row0) + t0;
+              const int32_t k1 = order_v.rows_first ? row : head;
+              const int32_t k2 = order_v.rows_first ? head : row;
+              if (lane < uint32_t(Traits::kBlocks)) {
+                tma_load_3d(k_addr(s) + lane * kTileKV * 128, &maps.v, full_k(s),
+                            int32_t(lane) * 64, k1, k2);
+              }
+            } else {
+              load(k_addr(s), full_k(s), 0);
+            }
+            mbar_wait(empty_v(s), ph ^ 1u);
+            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
+            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
+            const int32_t z_lo = b.kv_len - t0;
+            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
+            if (z_lo < z_hi) {
+              if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
+              __syncwarp();
+              load(v_addr(s), tail_bar, 1);
+              mbar_wait(tail_bar, tail_ph);
+              tail_ph ^= 1u;
+              uint8_t* vs = smem + (v_addr(s) - base);
+              const int32_t n = (z_hi - z_lo) * Traits::kBlocks * 8;  // 16-byte chunks
+              for (int32_t i = int32_t(lane); i < n; i += 32) {
+                const int32_t cb = i / ((z_hi - z_lo) * 8), rem = i % ((z_hi - z_lo) * 8);
+                *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + (z_lo + rem / 8) * 128 +
+                                          (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+              }
+              fence_proxy_async();
+              __syncwarp();
+              if (lane == 0) mbar_arrive(full_v(s));
+            } else {
+              if (lane == 0) mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
+              __syncwarp();
+              load(v_addr(s), full_v(s), 1);
+            }
+          }
+        }
+      }
+      return;
     } else if constexpr (kGather) {
-      producer.load_gather(rope_k, tid);
-    } else if (tid == 0) {
-      producer.load_dense(maps, order_k, order_v);
+      // Thread t copies 16-byte chunk t % kChunks of rows t / kChunks + kRowStep * i.
+      constexpr uint32_t kChunks = kD / 8;
+      constexpr uint32_t kRowStep = 128 / kChunks;
+      constexpr int kPasses = kTileKV / int(kRowStep);
+      static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
+      const uint32_t c = tid % kChunks, r0 = tid / kChunks;
+      uint32_t g = 0;
+      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
+        const uint32_t blk = block_of(round);
+        HopperBlock b;
+        if (blk >= num_blocks || !plan(blk, b)) continue;
+        const auto src = prefill::make_kv<kD, PAGE_SIZE, kRope>(params, b.rq, b.kv_head, rope_k);
+        for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+          const uint32_t s = g % kStages;
+          const uint32_t ph = (g / kStages) & 1u;
+          const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
+          mbar_wait(empty_k(s), ph ^ 1u);
+#pragma unroll kGatherUnroll
+          for (int i = 0; i < kPasses; ++i) {
+            const int32_t pos = pos0 + i * int32_t(kRowStep);
+            const bool ok = pos < b.kv_len;
+            const DTypeKV* row = src.k_row(ok && !kRope ? src.page(uint32_t(pos)) : 0,
+                                           ok ? uint32_t(pos) : 0u);
+            ptx::cp_async_16(k_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
+                             ok ? 16u : 0u);
+          }
+          mbar_cp_async_arrive(full_k(s));
+          mbar_wait(empty_v(s), ph ^ 1u);
+#pragma unroll kGatherUnroll
+          for (int i = 0; i < kPasses; ++i) {
+            const int32_t pos = pos0 + i * int32_t(kRowStep);
+            const bool ok = pos < b.kv_len;
+            const DTypeKV* row = src.v_row(ok ? src.page(uint32_t(pos)) : 0,
+                                           ok ? uint32_t(pos) : 0u);
+            ptx::cp_async_16(v_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
+                             ok ? 16u : 0u);
+          }
+          mbar_cp_async_arrive(full_v(s));
+        }
+      }
+      return;
+    }
+    if (tid == 0) {
+      uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
+      for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
+      HopperBlock b;
+      if (!next_block(round, 1u, b)) {
+        if constexpr (kDynamic) break; else continue;
+      }
+      const uint32_t kv_head = b.kv_head;
+      const int32_t row0 = request_kv_row0(params, b.w.batch);
+      for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
+        const uint32_t s = g % kStages;
+        const uint32_t ph = (g / kStages) & 1u;
+        const int32_t row = row0 + (b.kt_begin + j) * kTileKV;
+        const int32_t k1 = order_k.rows_first ? row : int32_t(kv_head);
+        const int32_t k2 = order_k.rows_first ? int32_t(kv_head) : row;
+        const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
+        const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
+        mbar_wait(empty_k(s), ph ^ 1u);
+        mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+          tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.k, full_k(s), cb * 64, k1, k2);
+        }
+        mbar_wait(empty_v(s), ph ^ 1u);
+        mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
+          tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
+        }
+      }
+      }
     }
     return;
   }
@@ -161,17 +400,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
   const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
   const uint32_t lane = tid & 31, warp4 = ctid / 32;
-  const ConsumerThread t{cw, ctid, lane, warp4};
   uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
 
   for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
   HopperBlock b;
-  if (!sch.next(round, 0xffffffffu, b)) {
+  if (!next_block(round, 0xffffffffu, b)) {
     if constexpr (kDynamic) break; else continue;
   }
   const prefill::WorkUnit w = b.w;
   const prefill::RequestInfo rq = b.rq;
-  const uint32_t kv_head = b.kv_head, p0 = b.p0;
+  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
   const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
   const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
   Variant variant(params, w.batch, variant_smem);
@@ -427,17 +665,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ---- tiles 1..n-1: S_j overlapped with P_{j-1} V_{j-1}
     auto step = [&](int32_t j, auto mask_tag) {
       const uint32_t gj = g + uint32_t(j);
-      const uint32_t sn = gj % kStages, ph = (gj / kStages) & 1u;
+      const uint32_t st = gj % kStages, ph = (gj / kStages) & 1u;
       const uint32_t sp = (gj - 1) % kStages, php = ((gj - 1) / kStages) & 1u;
       pp_wait();
-      wait_full(full_k(sn), ph);
-      issue_qk(sn);
+      wait_full(full_k(st), ph);
+      issue_qk(st);
       wait_full(full_v(sp), php);
       issue_pv(sp);
       pp_signal(false);
       wg_wait<1>();
       fence_regs(s);
-      release(empty_k(sn));
+      release(empty_k(st));
       float scale[2];
       softmax_tile(kt_begin + j, mask_tag, scale);
       wg_wait<0>();
@@ -467,9 +705,32 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   g += uint32_t(n_tiles);
-  reduce_row_sums(l);
+
+  // ---- epilogue: O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
   if (w.splits > 1) {
-    store_partials<Traits, kSoftmax>(part, b, t, num_kv_heads, o, m, l);
+    // Split unit: fp32 partials (normalized for softmax) and base-2 LSE or the plain sum, in
+    // slot `unit` (prefill/merge.cuh combines them).
+    const int64_t slot_row0 = (int64_t(unit) * num_kv_heads + kv_head) * kTileQ;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+      const float inv = lse::inverse<kSoftmax>(l[h]);
+      float* dst = part.o + (slot_row0 + r) * kD + 2 * quad;
+#pragma unroll
+      for (int j = 0; j < kO / 4; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      }
+      if (quad == 0) {
+        part.lse[slot_row0 + r] =
+            lse::weight<kSoftmax>(m[h], l[h]);
+      }
+    }
     continue;
   }
   named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
