@@ -224,173 +224,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         return;
       }
     }
+    const StageRefs<decltype(k_addr), decltype(v_addr), decltype(full_k), decltype(full_v),
+                    decltype(empty_k), decltype(empty_v)>
+        sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
     if constexpr (kPagedTma) {
-      // Warp 0 issues the copies: lane l owns box l of a tile (page l / kBlocks of the tile,
-      // column block l % kBlocks), loads that page's id a tile ahead (one register, no
-      // shuffles) and issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction
-      // instead of one thread's loop, and the page-table load is off the copy path.
       if (tid < 32) {
-        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
-        constexpr int kBoxes = kPages * Traits::kBlocks;
-        static_assert(kBoxes <= 32, "one box per lane of the issuing warp");
-        const uint32_t lane = tid;
-        const bool issuer = lane < uint32_t(kBoxes);
-        const int32_t box_page = int32_t(lane) / Traits::kBlocks;
-        const int32_t box_cb = int32_t(lane) % Traits::kBlocks;
-        const uint32_t box_off =
-            uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
-        const uint32_t tail_bar = st.tail_v();
-        uint32_t g = 0, tail_ph = 0;
-        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
-        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
-          const uint8_t a = porder.at[k];
-          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
-        };
-        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-          const uint32_t blk = block_of(round);
-          HopperBlock b;
-          if (blk >= num_blocks || !plan(blk, b)) continue;
-          const int32_t head = int32_t(b.kv_head);
-          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
-          const int32_t* pages = params.kv_indices + b.rq.page0;
-          // this lane's page id for tile j (-1: past the request's pages, zero fill)
-          auto page_of = [&](int32_t j) -> int32_t {
-            const int32_t pi = (b.kt_begin + j) * (kTileKV / PAGE_SIZE) + box_page;
-            return issuer && j < b.n_tiles && pi < n_pages ? __ldg(pages + pi) : -1;
-          };
-          int32_t pid_next = page_of(0);
-          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-            const uint32_t s = g % kStages;
-            const uint32_t ph = (g / kStages) & 1u;
-            const int32_t t0 = (b.kt_begin + j) * kTileKV;
-            const int32_t pid = pid_next;
-            pid_next = page_of(j + 1);  // in flight while the buffers drain
-            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
-              if (issuer) {
-                tma_load_5d(dst + box_off, &maps.k, done, box_cb * 64, coord(0, head, kv, pid),
-                            coord(1, head, kv, pid), coord(2, head, kv, pid),
-                            coord(3, head, kv, pid));
-              }
-            };
-            mbar_wait(empty_k(s), ph ^ 1u);
-            if (lane == 0) mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-            __syncwarp();
-            if constexpr (kRope) {
-              // rotated keys: the dense workspace rows, as ragged
-              const int32_t row = int32_t(b.rq.kv_row0) + t0;
-              const int32_t k1 = order_v.rows_first ? row : head;
-              const int32_t k2 = order_v.rows_first ? head : row;
-              if (lane < uint32_t(Traits::kBlocks)) {
-                tma_load_3d(k_addr(s) + lane * kTileKV * 128, &maps.v, full_k(s),
-                            int32_t(lane) * 64, k1, k2);
-              }
-            } else {
-              load(k_addr(s), full_k(s), 0);
-            }
-            mbar_wait(empty_v(s), ph ^ 1u);
-            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
-            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
-            const int32_t z_lo = b.kv_len - t0;
-            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
-            if (z_lo < z_hi) {
-              if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
-              __syncwarp();
-              load(v_addr(s), tail_bar, 1);
-              mbar_wait(tail_bar, tail_ph);
-              tail_ph ^= 1u;
-              uint8_t* vs = smem + (v_addr(s) - base);
-              const int32_t n = (z_hi - z_lo) * Traits::kBlocks * 8;  // 16-byte chunks
-              for (int32_t i = int32_t(lane); i < n; i += 32) {
-                const int32_t cb = i / ((z_hi - z_lo) * 8), rem = i % ((z_hi - z_lo) * 8);
-                *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + (z_lo + rem / 8) * 128 +
-                                          (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
-              }
-              fence_proxy_async();
-              __syncwarp();
-              if (lane == 0) mbar_arrive(full_v(s));
-            } else {
-              if (lane == 0) mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
-              __syncwarp();
-              load(v_addr(s), full_v(s), 1);
-            }
-          }
-        }
+        load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
+                                                 porder, num_blocks, block_of, plan, sg, tid);
       }
       return;
     } else if constexpr (kGather) {
-      // Thread t copies 16-byte chunk t % kChunks of rows t / kChunks + kRowStep * i.
-      constexpr uint32_t kChunks = kD / 8;
-      constexpr uint32_t kRowStep = 128 / kChunks;
-      constexpr int kPasses = kTileKV / int(kRowStep);
-      static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
-      const uint32_t c = tid % kChunks, r0 = tid / kChunks;
-      uint32_t g = 0;
-      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-        const uint32_t blk = block_of(round);
-        HopperBlock b;
-        if (blk >= num_blocks || !plan(blk, b)) continue;
-        const auto src = prefill::make_kv<kD, PAGE_SIZE, kRope>(params, b.rq, b.kv_head, rope_k);
-        for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-          const uint32_t s = g % kStages;
-          const uint32_t ph = (g / kStages) & 1u;
-          const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
-          mbar_wait(empty_k(s), ph ^ 1u);
-#pragma unroll kGatherUnroll
-          for (int i = 0; i < kPasses; ++i) {
-            const int32_t pos = pos0 + i * int32_t(kRowStep);
-            const bool ok = pos < b.kv_len;
-            const DTypeKV* row = src.k_row(ok && !kRope ? src.page(uint32_t(pos)) : 0,
-                                           ok ? uint32_t(pos) : 0u);
-            ptx::cp_async_16(k_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                             ok ? 16u : 0u);
-          }
-          mbar_cp_async_arrive(full_k(s));
-          mbar_wait(empty_v(s), ph ^ 1u);
-#pragma unroll kGatherUnroll
-          for (int i = 0; i < kPasses; ++i) {
-            const int32_t pos = pos0 + i * int32_t(kRowStep);
-            const bool ok = pos < b.kv_len;
-            const DTypeKV* row = src.v_row(ok ? src.page(uint32_t(pos)) : 0,
-                                           ok ? uint32_t(pos) : 0u);
-            ptx::cp_async_16(v_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                             ok ? 16u : 0u);
-          }
-          mbar_cp_async_arrive(full_v(s));
-        }
-      }
+      load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
       return;
     }
     if (tid == 0) {
-      uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
-      for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-      HopperBlock b;
-      if (!next_block(round, 1u, b)) {
-        if constexpr (kDynamic) break; else continue;
-      }
-      const uint32_t kv_head = b.kv_head;
-      const int32_t row0 = request_kv_row0(params, b.w.batch);
-      for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-        const uint32_t s = g % kStages;
-        const uint32_t ph = (g / kStages) & 1u;
-        const int32_t row = row0 + (b.kt_begin + j) * kTileKV;
-        const int32_t k1 = order_k.rows_first ? row : int32_t(kv_head);
-        const int32_t k2 = order_k.rows_first ? int32_t(kv_head) : row;
-        const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
-        const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
-        mbar_wait(empty_k(s), ph ^ 1u);
-        mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-          tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.k, full_k(s), cb * 64, k1, k2);
-        }
-        mbar_wait(empty_v(s), ph ^ 1u);
-        mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-          tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
-        }
-      }
-      }
+      load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
     }
     return;
   }
