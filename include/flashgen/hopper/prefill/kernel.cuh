@@ -39,6 +39,8 @@
 #include "flashgen/hopper/traits.cuh"
 #include "flashgen/hopper/tuning.cuh"
 #include "flashgen/hopper/wgmma.cuh"
+#include "flashgen/hopper/prefill/consumer.cuh"
+#include "flashgen/hopper/prefill/epilogue.cuh"
 #include "flashgen/hopper/prefill/producer.cuh"
 #include "flashgen/hopper/prefill/scheduler.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
@@ -209,18 +211,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     setmaxnreg_dec<Traits::kProducerRegs>();
     if constexpr (kDynamic) {
       if (tid == 32) {
-        // scheduler: plan and publish every round's block, up to the first that is not a real
-        // unit (the end, see above)
-        for (uint32_t round = 0;; ++round) {
-          const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
-          // (a block ahead of the consumers: the plan's loads are off their path)
-          const uint32_t k = round & 1u;
-          mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
-          const bool ok = blk < num_blocks && plan(blk, ring[k].b);
-          ring[k].ok = ok ? 1u : 0u;
-          mbar_arrive(sched_full(k));
-          if (!ok) break;
-        }
+        run_scheduler(num_blocks, block_counter, ring, plan, sched_full, sched_empty);
         return;
       }
     }
@@ -272,29 +263,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
   named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
-  // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
-  {
-    constexpr int kHalf = kD / 16;  // 16-byte chunks per half row
-    constexpr int kUnits = 64 * kHalf;
-    rope::LlamaRope rp;
-    if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
-#pragma unroll
-    for (int it = 0; it < kUnits / 128; ++it) {
-      const uint32_t idx = it * 128 + ctid;
-      const uint32_t r = cw * 64 + idx / kHalf;
-      const uint32_t c = idx % kHalf;
-      const uint32_t p = p0 + r;
-      const int32_t token = int32_t(p / G);
-      const uint32_t head = kv_head * G + p % G;
-      float lo[8], hi[8];
-      prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
-                                            rp, lo, hi);
-      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = prefill::pack8<DTypeQ>(lo);
-      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = prefill::pack8<DTypeQ>(hi);
-    }
-    fence_proxy_async();
-    named_barrier(1 + cw, 128);
-  }
+  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
 
   // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
   int32_t tok[2];
@@ -554,31 +523,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   g += uint32_t(n_tiles);
 
-  // ---- epilogue: O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
+  // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
+  // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+  reduce_row_sums(l);
   if (w.splits > 1) {
-    // Split unit: fp32 partials (normalized for softmax) and base-2 LSE or the plain sum, in
-    // slot `unit` (prefill/merge.cuh combines them).
-    const int64_t slot_row0 = (int64_t(unit) * num_kv_heads + kv_head) * kTileQ;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-      const float inv = lse::inverse<kSoftmax>(l[h]);
-      float* dst = part.o + (slot_row0 + r) * kD + 2 * quad;
-#pragma unroll
-      for (int j = 0; j < kO / 4; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-      }
-      if (quad == 0) {
-        part.lse[slot_row0 + r] =
-            lse::weight<kSoftmax>(m[h], l[h]);
-      }
-    }
+    store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
+                                     m, l);
     continue;
   }
   named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q

@@ -19,6 +19,7 @@
 
 #include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/scheduler.cuh"
+#include "flashgen/hopper/mbarrier.cuh"
 
 namespace flashgen {
 namespace hopper {
@@ -45,6 +46,26 @@ struct BlockSlot {
 template <bool BATCH, int PAGE_SIZE>
 __host__ __device__ constexpr bool hopper_dynamic_order() {
   return BATCH && PAGE_SIZE == 0;
+}
+
+/** The scheduler thread of the dynamic order: plans and publishes every round's block in the
+ *  two-slot ring, a block ahead of the consumers (the plan's loads are off their path), up to
+ *  the first that is not a real unit (the end: the unit tables list every real unit before the
+ *  empty slots). Its first block is blockIdx.x, each next one from the counter. plan,
+ *  sched_full, sched_empty: the kernel's closures. */
+template <typename Plan, typename SchedFull, typename SchedEmpty>
+__device__ __forceinline__ void run_scheduler(uint32_t num_blocks, uint32_t* block_counter,
+                                              BlockSlot* ring, Plan& plan, SchedFull& sched_full,
+                                              SchedEmpty& sched_empty) {
+  for (uint32_t round = 0;; ++round) {
+    const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
+    const uint32_t k = round & 1u;
+    mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
+    const bool ok = blk < num_blocks && plan(blk, ring[k].b);
+    ring[k].ok = ok ? 1u : 0u;
+    mbar_arrive(sched_full(k));
+    if (!ok) break;
+  }
 }
 
 }  // namespace hopper
