@@ -2,9 +2,10 @@
  * @brief The sm90 prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
  * and two or three consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x
  * shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
- * pipelining). The roles meet in storage.cuh's shared memory; the block's plan and the order
- * are scheduler.cuh's, the request's K/V rows producer.cuh's; the roles' code itself is still
- * this body (include/flashgen/README.md says why and what is left).
+ * pipelining). The roles meet in storage.cuh's shared memory; the scheduler thread is
+ * scheduler.cuh's, the K/V copies producer.cuh's, Q staging consumer.cuh's, the split partials
+ * epilogue.cuh's. Still in this body: the scheduler's closures, the consumer's mainloop and the
+ * whole unit's output store (include/flashgen/README.md says why).
  *
  * Consumer iteration j (tile kt_j, buffers s_j):
  *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);

@@ -11,9 +11,8 @@
  *  - other page sizes (1): the 128 threads gather rows with 16-byte cp.async into the same
  *    swizzled layout, each arriving on the stage's full barrier when its copies land.
  *
- * Here: where a request's K/V rows start in the tensor maps. The three producer loops are still
- * in the kernel body (kernel.cuh): they call the scheduler's lambdas, and moved into functions
- * they compiled to different SASS in some instances (include/flashgen/README.md).
+ * The loops take the scheduler's closures (block_of, plan, next_block) and the stages' (StageRefs)
+ * from the kernel (kernel.cuh), which keeps the SASS of the single-body kernel.
  */
 #pragma once
 
