@@ -54,3 +54,18 @@ struct Rng {
   float uni() { return float((next() >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }  // [-1, 1)
   int below(int n) { return int(next() % uint64_t(n)); }
 };
+
+/** Benchmark inputs: n pseudo-random values in [-amp, amp) (never exactly 0), a hash of the
+ *  index and seed, written on the device. */
+template <typename T>
+__global__ void fill_random(T* p, size_t n, uint32_t seed, float amp) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    float f = (float(x & 0xFFFFFF) / 16777216.f * 2.f - 1.f) * amp;
+    p[i] = T(f == 0.f ? 0.01f : f);
+  }
+}

@@ -433,18 +433,6 @@ static void run_test(const Spec& s) {
 }
 
 // ---------------------------------------------------------------- benchmarks
-template <typename T>
-__global__ void fill_random(T* p, size_t n, uint32_t seed, float amp) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    float f = (float(x & 0xFFFFFF) / 16777216.f * 2.f - 1.f) * amp;
-    p[i] = T(f == 0.f ? 0.01f : f);
-  }
-}
 
 static uint8_t* g_flush = nullptr;
 static const size_t kFlushBytes = size_t(256) << 20;

@@ -168,18 +168,6 @@ static void run_test(const Spec& s) {
 }
 
 // ---------------------------------------------------------------- benchmarks
-template <typename T>
-__global__ void fill_random(T* p, size_t n, uint32_t seed, float amp) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15;
-    x *= 2246822519u;
-    x ^= x >> 13;
-    float f = (float(x & 0xFFFFFF) / 16777216.f * 2.f - 1.f) * amp;
-    p[i] = T(f == 0.f ? 0.01f : f);
-  }
-}
 
 struct BenchRow {
   std::string name;
@@ -223,88 +211,11 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
   using Variant = VariantT<Params>;
   DeviceInfo dev;
   current_device(&dev);
-  const int B = int(lens.size());
-  Lengths L = make_lengths(lens, lens);
-  const int64_t nq = int64_t(L.total_q) * Hq * D, nkv = int64_t(L.total_kv) * Hkv * D;
-  DevBuf<T> q(nq), o(nq), k(nkv), v(nkv);
-  DevBuf<float> lse(size_t(L.total_q) * Hq);
-  fill_random<T><<<1024, 256>>>(q.p, nq, 1, 2.f);
-  fill_random<T><<<1024, 256>>>(k.p, nkv, 2, 2.f);
-  fill_random<T><<<1024, 256>>>(v.p, nkv, 3, 1.f);
-  DevBuf<float> slopes(Hq);
-  std::vector<float> sl(Hq);
-  for (int h = 0; h < Hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / Hq);
-  slopes.up(sl);
-  Params P{};
-  P.logits_soft_cap = 30.f;  // as benches/bench_prefill.py
-  P.window_left = 1024;
-  P.alibi_slopes = slopes.p;
-  P.sigmoid_bias = 0.f;
-  P.sm_scale = 1.f / std::sqrt(float(D));
-  P.rope_theta = 1e4f;
-  P.rope_scale = 1.f;
-  P.q = q.p;
-  P.o = o.p;
-  P.lse = lse.p;
-  P.q_stride_n = P.o_stride_n = int64_t(Hq) * D;
-  P.q_stride_h = P.o_stride_h = D;
-  P.num_qo_heads = Hq;
-  P.num_kv_heads = Hkv;
-  DevBuf<int> qo_indptr(B + 1), kv_indptr(B + 1), kv_indices, kv_last(B);
-  qo_indptr.up(L.qo_indptr);
-  int64_t kv_rows = L.total_kv;
-  DevBuf<T> cache;
-  if constexpr (K == kSingle) {
-    P.qo_len = L.total_q;
-    P.kv_len = L.total_kv;
-    P.k = k.p;
-    P.v = v.p;
-    P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-    P.k_stride_h = P.v_stride_h = D;
-  } else if constexpr (K == kRagged) {
-    kv_indptr.up(L.kv_indptr);
-    P.k = k.p;
-    P.v = v.p;
-    P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-    P.k_stride_h = P.v_stride_h = D;
-    P.qo_indptr = qo_indptr.p;
-    P.kv_indptr = kv_indptr.p;
-    P.q_rope_offset = P.kv_rope_offset = nullptr;
-    P.batch_size = B;
-  } else {
-    int pages = 0;
-    std::vector<int> indptr(B + 1, 0), last(B);
-    for (int b = 0; b < B; ++b) {
-      const int np = (lens[b] + PAGE - 1) / PAGE;
-      pages += np;
-      indptr[b + 1] = pages;
-      last[b] = lens[b] - (np - 1) * PAGE;
-    }
-    std::vector<int> idx(pages);
-    Rng r(5);
-    for (int i = 0; i < pages; ++i) idx[i] = i;
-    for (int i = pages - 1; i > 0; --i) std::swap(idx[i], idx[r.below(i + 1)]);
-    kv_indices.alloc(pages);
-    kv_indices.up(idx);
-    kv_indptr.up(indptr);
-    kv_last.up(last);
-    const size_t ce = size_t(pages) * 2 * PAGE * Hkv * D;
-    cache.alloc(ce);
-    fill_random<T><<<1024, 256>>>(cache.p, ce, 4, 2.f);
-    P.paged_kv = cache.p;
-    P.qo_indptr = qo_indptr.p;
-    P.kv_indptr = kv_indptr.p;
-    P.kv_indices = kv_indices.p;
-    P.kv_last_page_len = kv_last.p;
-    P.q_rope_offset = P.kv_rope_offset = nullptr;
-    P.batch_size = B;
-    P.page_size = PAGE;
-    P.kv_stride_page = int64_t(2) * PAGE * Hkv * D;
-    P.kv_stride_kv = int64_t(PAGE) * Hkv * D;
-    P.kv_stride_n = int64_t(Hkv) * D;
-    P.kv_stride_h = D;
-    kv_rows = int64_t(pages) * PAGE;
-  }
+  BenchInputs<K, T, D, PAGE> in(Hq, Hkv, lens, true);
+  Params& P = in.P;
+  const Lengths& L = in.L;
+  const int B = in.B;
+  const int64_t kv_rows = in.kv_rows;
   const int64_t bytes = ws_bytes<K, D, POS, Variant>(P, L.total_q, kv_rows, B, dev);
   DevBuf<uint8_t> ws(size_t(std::max<int64_t>(bytes, 16)));
   cudaStream_t st;
@@ -316,9 +227,7 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
                                                             st);
       },
       st);
-  double flops = 0;
-  for (int x : lens) flops += 4.0 * Hq * double(x) * x * D * (MASK == prefill::kMaskCausal ? 0.5 : 1.0);
-  const double tf = flops / (ms * 1e-3) / 1e12;
+  const double tf = bench_flops<MASK>(Hq, D, lens) / (ms * 1e-3) / 1e12;
   g_rows.push_back({name, ms, tf});
   std::printf("BENCH %-44s %9.3f ms %7.1f TFLOP/s\n", name.c_str(), ms, tf);
   CK(cudaStreamDestroy(st));

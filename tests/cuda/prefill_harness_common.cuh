@@ -505,3 +505,115 @@ struct Problem {
     return kv_cap;
   }
 };
+
+/** The inputs of a batch bench (qo = kv per request, random data): device buffers and the
+ *  params over them for kind K (single, ragged, or paged with pages of PAGE rows, shuffled in
+ *  the pool unless shuffle_pages is false); kv_rows: the rows the RoPE pre-pass reads. */
+template <Kind K, typename T, int D, int PAGE>
+struct BenchInputs {
+  using Params = typename ParamsOf<K, T, PAGE>::type;
+  int B;
+  Lengths L;
+  DevBuf<T> q, o, k, v, cache;
+  DevBuf<float> lse, slopes;
+  DevBuf<int> qo_indptr, kv_indptr, kv_indices, kv_last;
+  Params P{};
+  int64_t kv_rows = 0;
+
+  BenchInputs(int Hq, int Hkv, const std::vector<int>& lens, bool shuffle_pages)
+      : B(int(lens.size())), L(make_lengths(lens, lens)) {
+    const int64_t nq = int64_t(L.total_q) * Hq * D, nkv = int64_t(L.total_kv) * Hkv * D;
+    q.alloc(nq);
+    o.alloc(nq);
+    k.alloc(nkv);
+    v.alloc(nkv);
+    lse.alloc(size_t(L.total_q) * Hq);
+    fill_random<T><<<1024, 256>>>(q.p, nq, 1, 2.f);
+    fill_random<T><<<1024, 256>>>(k.p, nkv, 2, 2.f);
+    fill_random<T><<<1024, 256>>>(v.p, nkv, 3, 1.f);
+    slopes.alloc(Hq);
+    std::vector<float> sl(Hq);
+    for (int h = 0; h < Hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / Hq);
+    slopes.up(sl);
+    P.logits_soft_cap = 30.f;  // as benches/bench_prefill.py
+    P.window_left = 1024;
+    P.alibi_slopes = slopes.p;
+    P.sigmoid_bias = 0.f;
+    P.sm_scale = 1.f / std::sqrt(float(D));
+    P.rope_theta = 1e4f;
+    P.rope_scale = 1.f;
+    P.q = q.p;
+    P.o = o.p;
+    P.lse = lse.p;
+    P.q_stride_n = P.o_stride_n = int64_t(Hq) * D;
+    P.q_stride_h = P.o_stride_h = D;
+    P.num_qo_heads = Hq;
+    P.num_kv_heads = Hkv;
+    qo_indptr.alloc(B + 1);
+    kv_indptr.alloc(B + 1);
+    kv_last.alloc(B);
+    qo_indptr.up(L.qo_indptr);
+    kv_rows = L.total_kv;
+    if constexpr (K == kSingle) {
+      P.qo_len = L.total_q;
+      P.kv_len = L.total_kv;
+      P.k = k.p;
+      P.v = v.p;
+      P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
+      P.k_stride_h = P.v_stride_h = D;
+    } else if constexpr (K == kRagged) {
+      kv_indptr.up(L.kv_indptr);
+      P.k = k.p;
+      P.v = v.p;
+      P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
+      P.k_stride_h = P.v_stride_h = D;
+      P.qo_indptr = qo_indptr.p;
+      P.kv_indptr = kv_indptr.p;
+      P.q_rope_offset = P.kv_rope_offset = nullptr;
+      P.batch_size = B;
+    } else {
+      int pages = 0;
+      std::vector<int> indptr(B + 1, 0), last(B);
+      for (int b = 0; b < B; ++b) {
+        const int np = (lens[b] + PAGE - 1) / PAGE;
+        pages += np;
+        indptr[b + 1] = pages;
+        last[b] = lens[b] - (np - 1) * PAGE;
+      }
+      std::vector<int> idx(pages);
+      Rng r(5);
+      for (int i = 0; i < pages; ++i) idx[i] = i;
+      if (shuffle_pages) {
+        for (int i = pages - 1; i > 0; --i) std::swap(idx[i], idx[r.below(i + 1)]);
+      }
+      kv_indices.alloc(pages);
+      kv_indices.up(idx);
+      kv_indptr.up(indptr);
+      kv_last.up(last);
+      const size_t ce = size_t(pages) * 2 * PAGE * Hkv * D;
+      cache.alloc(ce);
+      fill_random<T><<<1024, 256>>>(cache.p, ce, 4, 2.f);
+      P.paged_kv = cache.p;
+      P.qo_indptr = qo_indptr.p;
+      P.kv_indptr = kv_indptr.p;
+      P.kv_indices = kv_indices.p;
+      P.kv_last_page_len = kv_last.p;
+      P.q_rope_offset = P.kv_rope_offset = nullptr;
+      P.batch_size = B;
+      P.page_size = PAGE;
+      P.kv_stride_page = int64_t(2) * PAGE * Hkv * D;
+      P.kv_stride_kv = int64_t(PAGE) * Hkv * D;
+      P.kv_stride_n = int64_t(Hkv) * D;
+      P.kv_stride_h = D;
+      kv_rows = int64_t(pages) * PAGE;
+    }
+  }
+};
+
+/** FLOPs of a batch bench (4 Hq qo kv D per request, half of it under the causal mask). */
+template <int MASK>
+static double bench_flops(int Hq, int D, const std::vector<int>& lens) {
+  double flops = 0;
+  for (int x : lens) flops += 4.0 * Hq * double(x) * x * D * (MASK == prefill::kMaskCausal ? 0.5 : 1.0);
+  return flops;
+}

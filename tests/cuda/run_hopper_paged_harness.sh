@@ -1,22 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Hopper paged prefill harness (sm_90a, statically linked cudart) into OUT (default
-# build/hopper_paged) with its -Xptxas -v report. Run the binary on an H100/H200:
+# Builds the Hopper paged prefill harness into OUT (default build/hopper_paged) with its
+# -Xptxas -v report (run_harness.sh). Run the binary on an H100/H200:
 #   OUT/hopper_paged_harness [--no-tests] [--no-bench] [--reps N]   (exit 1 on any failure)
-# Extra nvcc flags (A/B builds) come from HOPPER_FLAGS, e.g. HOPPER_FLAGS=-DHOPPER_BENCH_ONLY.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-OUT="${1:-$ROOT/build/hopper_paged}"
-CU="${NVCC:-$ROOT/.venv/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc}"
-LIB="$(dirname "$(dirname "$CU")")/lib"
-mkdir -p "$OUT"
-FLAGS=(-std=c++17 --expt-relaxed-constexpr -O3 -I"$ROOT/include" -Xptxas -v
-       -gencode=arch=compute_90a,code=sm_90a ${HOPPER_FLAGS:-})
-t1=$(date +%s.%N)
-"$CU" "${FLAGS[@]}" -L"$LIB" -cudart=static "$ROOT/tests/cuda/hopper_paged_harness.cu" \
-  -o "$OUT/hopper_paged_harness" 2> "$OUT/ptxas_sm90a.txt" ||
-  { grep -v "^ptxas info" "$OUT/ptxas_sm90a.txt" | head -50; exit 1; }
-echo "built in $(echo "$(date +%s.%N) - $t1" | bc) s: $OUT/hopper_paged_harness"
-grep -i "warn" "$OUT/ptxas_sm90a.txt" | sort | uniq -c | head || true
-f="$OUT/ptxas_sm90a.txt"
-echo "$(basename "$f"): $(grep -c 'bytes spill stores' "$f") kernels," \
-  "$(grep 'bytes spill stores' "$f" | grep -vc ' 0 bytes spill stores') with spills"
+exec "$ROOT/tests/cuda/run_harness.sh" hopper_paged_harness "${1:-$ROOT/build/hopper_paged}"

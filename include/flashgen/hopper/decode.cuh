@@ -18,10 +18,10 @@
  *   it, with its LSEs, into the shared memory of the CTA that finalizes that slice (st.async,
  *   completing on that CTA's merge mbarrier); each CTA waits for its own slice's bytes, merges
  *   and writes them. Nobody reads a peer's memory, so no cluster barrier holds a CTA at its end
- *   (the pull-style merge with two cluster barriers it replaced cost ~0.5 us more at 1024
- *   tokens, benches/NOTES-hopper.md run 11). No workspace and no second kernel unless a head
- *   group needs more splits than a cluster holds: then each cluster writes one partial to the
- *   workspace and the portable merge kernel (decode/merge.cuh, PDL) combines the clusters.
+ *   (a pull-style merge needs two cluster barriers, which cost more). No workspace and no
+ *   second kernel unless a head group needs more splits than a cluster holds: then each
+ *   cluster writes one partial to the workspace and the portable merge kernel
+ *   (decode/merge.cuh, PDL) combines the clusters.
  *
  * Variants, GQA (head slices of 8), NHD/HND (by strides, through the tensor map's dimension
  * order), LSE and the non-softmax (sum) convention are the portable kernel's.
@@ -40,6 +40,7 @@
 #include "flashgen/dtype.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
+#include "flashgen/hopper/tuning.cuh"
 #include "flashgen/launch.cuh"
 #include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
@@ -49,10 +50,6 @@
 
 namespace flashgen {
 namespace hopper {
-
-#ifndef FLASHGEN_HDECODE_RING_KB
-#define FLASHGEN_HDECODE_RING_KB 128
-#endif
 
 #ifdef FLASHGEN_HDECODE_TRACE
 /** Harness only (hopper_decode_harness --trace): per CTA, clock64 at points 0..11 of the kernel
@@ -69,14 +66,9 @@ __device__ __forceinline__ long long hdecode_globaltimer() {
 #define FLASHGEN_HDECODE_MARK(i)
 #endif
 
-#ifndef FLASHGEN_HDECODE_CONSUMER_GROUPS
-#define FLASHGEN_HDECODE_CONSUMER_GROUPS 1
-#endif
-
 /** RING_KB: shared memory of the K/V ring; GROUPS: consumer groups of 4 warps, stage i going to
  *  group i % GROUPS (more tiles in flight in the math per SM). */
-template <int HEAD_DIM, int RING_KB = FLASHGEN_HDECODE_RING_KB,
-          int GROUPS = FLASHGEN_HDECODE_CONSUMER_GROUPS>
+template <int HEAD_DIM, int RING_KB = kDecodeRingKB, int GROUPS = kDecodeConsumerGroups>
 struct DecodeTraits90 {
   static constexpr int kHeadDim = HEAD_DIM;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
@@ -183,8 +175,7 @@ inline int64_t resident_clusters90(const DeviceInfo& dev, int cluster) {
 }
 
 /**
- * The split plan. Measured (benches/NOTES-hopper.md, decode, 2026-12-01): one CTA of this kernel
- * streams ~50 GB/s, so a call wants as many SMs as it can get, in one kernel where it can. The
+ * The split plan. One CTA of this kernel streams ~50 GB/s, so a call wants as many SMs as it can get, in one kernel where it can. The
  * cluster is the largest power of two (<= max_cluster, 8 by default: the portable cluster size,
  * so no GPC layout question; at most one split per min_chunk tokens) of which one cluster per
  * head group is co-resident: the splits of a group meet in its cluster's shared memory. When the

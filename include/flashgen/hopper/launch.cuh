@@ -50,15 +50,17 @@
 #include "flashgen/prefill/merge.cuh"
 #include "flashgen/prefill/rope_k.cuh"
 #include "flashgen/prefill/scheduler.cuh"
-#include "flashgen/hopper/kernel.cuh"
+#include "flashgen/hopper/prefill/kernel.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/traits.cuh"
+#include "flashgen/hopper/tuning.cuh"
 
 namespace flashgen {
 namespace hopper {
 
-/** The dynamic block order's counter (kernel.cuh), 256 bytes at the end of a batch workspace;
- *  the prep kernel zeroes it on every call (so a replayed graph starts from zero too). */
+/** The dynamic block order's counter (hopper/prefill/scheduler.cuh), 256 bytes at the end of a
+ *  batch workspace; the prep kernel zeroes it on every call (so a replayed graph starts from zero
+ *  too). */
 inline void add_block_counter(prefill::WorkspaceLayout* w) {
   w->counter_off = w->total;
   w->total += 256;
@@ -81,6 +83,18 @@ inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t n
   return p;
 }
 
+/** The RoPE pre-pass (prefill/rope_k.cuh's kernel `rk`) over `rows` key rows into `out`, the
+ *  rotated copy in the workspace; `dependent`: a programmatic dependent launch (it follows the
+ *  prep kernel). Nothing for no rows. */
+template <int HEAD_DIM, typename Kernel, typename Params, typename DType>
+inline int launch_rope_k(const char* what, Kernel rk, const Params& p, DType* out, int64_t rows,
+                         bool dependent, const DeviceInfo& dev, cudaStream_t stream) {
+  if (rows <= 0) return FLASHGEN_OK;
+  const int64_t items = rows * p.num_kv_heads * (HEAD_DIM / 16);
+  return launch(what, rk, dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0,
+                stream, dependent, p, out, rows);
+}
+
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
 inline int64_t single_prefill_workspace_bytes(int64_t qo_len, int64_t kv_len, int64_t num_qo_heads,
                                               int64_t num_kv_heads, int64_t sm_count) {
@@ -93,32 +107,13 @@ template <typename Traits, int MASK, int POS, typename Variant, typename Params,
 struct HopperKernelTag {};
 
 /** Persistent grid: at most one CTA per SM, each looping over blocks (single prefill: snake,
- *  FLASHGEN_HOPPER_BLOCK_ORDER), so the producer loads the next block's first K/V tiles during
- *  the current block's epilogue and the CTA start is paid once per SM. -1 (default): persistent,
- *  except for causal single prefill with more than FLASHGEN_HOPPER_SNAKE_ROUNDS rounds of blocks
- *  (blocks / SMs); 0 never; 1 always. Measured (run 3, TFLOP/s, one CTA per block / persistent
- *  round-robin / snake): single none d128 8192 639 / 657 / 652; single causal 8192 632 / 596 /
- *  638; causal 32768 676 / 630 / 653 (over many rounds a static assignment of causal tiles of
- *  unequal length balances worse than the hardware's dispatch); ragged causal 16 x 512..4096
- *  445 / 463 / 447. Over fewer rounds the snake gives every CTA about the same work (a long tile
- *  and a short one per two rounds): run 10, d128 32 heads, one CTA per block against snake up to
- *  16 rounds, two calls: causal 1024 (1.9 rounds) 238.8 / 237.6 against 244.7 / 247.6, 2048
- *  (3.9) 378.9 / 378.5 against 392.0 / 398.7, 4096 (7.8) 528.3 / 529.8 against 552.3 / 547.7,
- *  8192 (15.5) 626.2 / 623.5 against 629.1 / 629.6, 1024 with 8 kv heads 271.4 / 269.5 against
- *  277.6 / 276.7; 32768 (62 rounds) stays one CTA per block. */
-#ifndef FLASHGEN_HOPPER_PERSISTENT
-#define FLASHGEN_HOPPER_PERSISTENT -1
-#endif
-#ifndef FLASHGEN_HOPPER_SNAKE_ROUNDS
-#define FLASHGEN_HOPPER_SNAKE_ROUNDS 16
-#endif
-
+ *  scheduler.cuh), so the producer loads the next block's first K/V tiles during the current
+ *  block's epilogue and the CTA start is paid once per SM; one CTA per block for causal single
+ *  prefill over more than kSnakeRounds rounds (tuning.cuh). */
 inline uint32_t grid_ctas(int64_t blocks, const DeviceInfo& dev, bool causal_single) {
   const int64_t persistent_ctas = std::min<int64_t>(blocks, dev.sm_count);
-  const bool few_rounds = blocks <= int64_t(FLASHGEN_HOPPER_SNAKE_ROUNDS) * dev.sm_count;
-  const bool persistent =
-      FLASHGEN_HOPPER_PERSISTENT == 1 ||
-      (FLASHGEN_HOPPER_PERSISTENT == -1 && (!causal_single || few_rounds));
+  const bool few_rounds = blocks <= int64_t(kSnakeRounds) * dev.sm_count;
+  const bool persistent = !causal_single || few_rounds;
   return uint32_t(persistent ? persistent_ctas : blocks);
 }
 
@@ -182,16 +177,13 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rotated = reinterpret_cast<DType*>(base + plan.ws.rope_off);
     rope_k = rotated;
-    if (p.kv_len > 0) {
-      const int64_t items = int64_t(p.kv_len) * p.num_kv_heads * (HEAD_DIM / 16);
-      auto k = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                             typename Params::DTypeO>;
-      if (int st = launch("single_prefill rope_k kernel", k, dim3(prefill::rope_blocks(items, dev)),
-                          prefill::kRopeThreads, 0, stream, false, p, rotated, int64_t(p.kv_len))) {
-        return st;
-      }
-      first = false;
+    auto rk = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                            typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("single_prefill rope_k kernel", rk, p, rotated,
+                                         int64_t(p.kv_len), false, dev, stream)) {
+      return st;
     }
+    if (p.kv_len > 0) first = false;
   }
   if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
                                                               &order_v)) {
@@ -241,6 +233,31 @@ inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, i
       .total;
 }
 
+/** A batch call's workspace plan, checked against `ws`, and its prep kernel (the unit table;
+ *  the dynamic order's counter zeroed). */
+template <typename Traits, int MASK, int POS, typename Params>
+inline int prepare_batch(const char* what, const char* prep_what, const Params& p,
+                         int64_t total_q, int64_t kv_rows, void* ws, int64_t ws_bytes,
+                         const DeviceInfo& dev, cudaStream_t stream,
+                         prefill::WorkspaceLayout* L, int4** table) {
+  *L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads,
+                               dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, L->total)) return st;
+  uint8_t* base = static_cast<uint8_t*>(ws);
+  return prefill::launch_batch_prep<Traits, MASK>(
+      prep_what, p, *L, base, stream, reinterpret_cast<uint32_t*>(base + L->counter_off), table);
+}
+
+/** The merge kernel after a batch call's prefill kernel (split units' partials). */
+template <typename Traits, typename Variant, typename Params>
+inline int launch_batch_merge(const char* what, const Params& p,
+                              const prefill::WorkspaceLayout& L, const prefill::BatchSched& sched,
+                              const prefill::Partials& part, cudaStream_t stream) {
+  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
+  return launch(what, merge, dim3(uint32_t(L.split_units * p.num_kv_heads)),
+                prefill::kMergeThreads, 0, stream, true, p, sched, part);
+}
+
 template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                 int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
@@ -253,16 +270,14 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if (kv_rows >= (int64_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
-  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
-      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
-  uint8_t* base = static_cast<uint8_t*>(ws);
+  prefill::WorkspaceLayout L;
   int4* table = nullptr;
-  if (int st = prefill::launch_batch_prep<Traits, MASK>(
-          "batch_prefill (sm90) prep kernel", p, L, base, stream,
-          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
+  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill (sm90) prep kernel", p,
+                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
+                                                &table)) {
     return st;
   }
+  uint8_t* base = static_cast<uint8_t*>(ws);
   const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
   KVTensorMaps maps;
   KVMapOrder order_k, order_v;
@@ -270,15 +285,11 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rotated = reinterpret_cast<DType*>(base + L.rope_off);
     rope_k = rotated;
-    if (kv_rows > 0) {
-      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
-      auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                              typename Params::DTypeO>;
-      if (int st = launch("batch_prefill (sm90) rope_k kernel", rk,
-                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
-                          true, p, rotated, kv_rows)) {
-        return st;
-      }
+    auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
+                                            typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill (sm90) rope_k kernel", rk, p, rotated,
+                                         kv_rows, true, dev, stream)) {
+      return st;
     }
   }
   if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
@@ -299,10 +310,8 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
                       reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
-  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
-  return launch("batch_prefill_ragged (sm90) merge kernel", merge,
-                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
-                true, p, sched, part);
+  return launch_batch_merge<Traits, Variant>("batch_prefill_ragged (sm90) merge kernel", p, L,
+                                             sched, part, stream);
 }
 
 template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
@@ -315,29 +324,23 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   const char* what = "batch_prefill_paged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_paged_inputs<PAGE_SIZE>(what, p)) return st;
-  const prefill::WorkspaceLayout L = plan_batch<Traits, POS>(
-      total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-  if (int st = prefill::check_ws(what, ws, ws_bytes, L.total)) return st;
-  uint8_t* base = static_cast<uint8_t*>(ws);
+  prefill::WorkspaceLayout L;
   int4* table = nullptr;
-  if (int st = prefill::launch_batch_prep<Traits, MASK>(
-          "batch_prefill_paged (sm90) prep kernel", p, L, base, stream,
-          reinterpret_cast<uint32_t*>(base + L.counter_off), &table)) {
+  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill_paged (sm90) prep kernel", p,
+                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
+                                                &table)) {
     return st;
   }
+  uint8_t* base = static_cast<uint8_t*>(ws);
   const DType* rope_k = nullptr;
   if constexpr (POS == prefill::kPosRopeLlama) {
     DType* rk_out = reinterpret_cast<DType*>(base + L.rope_off);
     rope_k = rk_out;
-    if (kv_rows > 0) {
-      const int64_t items = kv_rows * p.num_kv_heads * (HEAD_DIM / 16);
-      auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
-                                             typename Params::DTypeO>;
-      if (int st = launch("batch_prefill_paged (sm90) rope_k kernel", rk,
-                          dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
-                          true, p, rk_out, kv_rows)) {
-        return st;
-      }
+    auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
+                                           typename Params::DTypeO>;
+    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill_paged (sm90) rope_k kernel", rk, p, rk_out,
+                                         kv_rows, true, dev, stream)) {
+      return st;
     }
   }
   // TMA (hopper_paged_tma): maps.k is the 5-D map of the page pool (K and V by the k/v
@@ -375,10 +378,8 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
                       reinterpret_cast<uint32_t*>(base + L.counter_off))) {
     return st;
   }
-  auto merge = prefill::prefill_merge_kernel<Traits, Variant, Params, prefill::BatchSched>;
-  return launch("batch_prefill_paged (sm90) merge kernel", merge,
-                dim3(uint32_t(L.split_units * p.num_kv_heads)), prefill::kMergeThreads, 0, stream,
-                true, p, sched, part);
+  return launch_batch_merge<Traits, Variant>("batch_prefill_paged (sm90) merge kernel", p, L,
+                                             sched, part, stream);
 }
 
 }  // namespace hopper

@@ -9,7 +9,7 @@
  * is token p / G, query head kv_head * G + p % G.
  *
  * An instance's traits come from HopperTraitsFor<HEAD_DIM, POS, Variant, Params>: the head_dim's
- * shape (HopperConfig), with head_dim 64 dropping to two consumer warpgroups where the
+ * shape (HopperConfig, tuning.cuh), with head_dim 64 dropping to two consumer warpgroups where the
  * instance carries per-row state (consumer_warpgroups). The kernel, its launch and the
  * workspace query all name that one alias, so they agree on the tile shapes.
  */
@@ -19,52 +19,10 @@
 
 #include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/traits.cuh"
+#include "flashgen/hopper/tuning.cuh"
 
 namespace flashgen {
 namespace hopper {
-
-template <int HEAD_DIM>
-struct HopperConfig;
-// S 64 + O 32 floats per thread. Three consumer warpgroups (192 query rows, 160 registers
-// each): at head_dim 64 the softmax takes as long as the GEMMs, so two other warpgroups' GEMMs
-// hide each one's softmax (FLASHGEN_HOPPER_D64_WGS=2: run 1's 128-row shape).
-#ifndef FLASHGEN_HOPPER_D64_WGS
-#define FLASHGEN_HOPPER_D64_WGS 3
-#endif
-#ifndef FLASHGEN_HOPPER_D64_STAGES
-#define FLASHGEN_HOPPER_D64_STAGES 2
-#endif
-template <>
-struct HopperConfig<64> {
-  static constexpr int kTileKV = 128, kStages = FLASHGEN_HOPPER_D64_STAGES,
-                       kConsumerWGs = FLASHGEN_HOPPER_D64_WGS;
-  static constexpr bool kPingPong = true;  // run 1: 382 TFLOP/s with, 308 without
-};
-// S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
-// (Overridable for experiments: FLASHGEN_HOPPER_D128_{TILE_KV,STAGES,WGS}.)
-#ifndef FLASHGEN_HOPPER_D128_TILE_KV
-#define FLASHGEN_HOPPER_D128_TILE_KV 128
-#endif
-#ifndef FLASHGEN_HOPPER_D128_STAGES
-#define FLASHGEN_HOPPER_D128_STAGES 2
-#endif
-#ifndef FLASHGEN_HOPPER_D128_WGS
-#define FLASHGEN_HOPPER_D128_WGS 2
-#endif
-template <>
-struct HopperConfig<128> {
-  static constexpr int kTileKV = FLASHGEN_HOPPER_D128_TILE_KV,
-                       kStages = FLASHGEN_HOPPER_D128_STAGES,
-                       kConsumerWGs = FLASHGEN_HOPPER_D128_WGS;
-  static constexpr bool kPingPong = true;  // run 1: 630 TFLOP/s with, 567 without
-};
-// S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: run 1 measured 709 TFLOP/s
-// without and 688 with (causal 8192): the GEMMs dominate and the softmax is short.
-template <>
-struct HopperConfig<256> {
-  static constexpr int kTileKV = 64, kStages = 2, kConsumerWGs = 2;
-  static constexpr bool kPingPong = false;
-};
 
 template <int HEAD_DIM_, int CONSUMER_WGS = HopperConfig<HEAD_DIM_>::kConsumerWGs>
 struct HopperTraits {
@@ -81,11 +39,7 @@ struct HopperTraits {
   static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
   static constexpr int kTileKV = HopperConfig<HEAD_DIM_>::kTileKV;
   static constexpr int kStages = HopperConfig<HEAD_DIM_>::kStages;
-#ifdef FLASHGEN_HOPPER_PINGPONG
-  static constexpr bool kPingPong = FLASHGEN_HOPPER_PINGPONG != 0;  // forced (experiments)
-#else
   static constexpr bool kPingPong = HopperConfig<HEAD_DIM_>::kPingPong;
-#endif
   static constexpr int kBlocks = kHeadDim / 64;  // 128-byte column blocks per row
   static constexpr int kQBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVBytes = kTileKV * kHeadDim * 2;
@@ -107,9 +61,8 @@ struct HopperTraits {
  * Consumer warpgroups of one instance. Three warpgroups leave each consumer thread 160
  * registers; head_dim 64's S, O and P fit in them, but state held per query row across the
  * kv loop does not: RoPE, a LinearBias hook (ALiBi) or a MaskBounds hook (sliding window)
- * made ptxas spill (4 to 180 bytes stored) in 87 of the 160 head_dim-64 kernels of the matrix
- * (benches/runs/spills-session10.txt). Those instances take two warpgroups (240 registers),
- * the shape head_dim 64 had before; the others keep the head_dim's shape.
+ * make ptxas spill there. Those instances take two warpgroups (240 registers); the others keep
+ * the head_dim's shape.
  */
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
 constexpr int consumer_warpgroups() {

@@ -16,11 +16,64 @@
 #pragma once
 
 #include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "flashgen/hopper/wgmma_ops.cuh"
 
 namespace flashgen {
 namespace hopper {
+
+/**
+ * wgmma.mma_async wrappers, m64nNk16, fp32 accumulators, bf16/f16 operands:
+ *  - Wgmma<T, N>::ss(d, desc_a, desc_b, accumulate): A and B from shared memory, both K-major.
+ *  - Wgmma<T, N>::rs(d, a, desc_b, accumulate): A from registers (4 x b32 per thread, the
+ *    mma.m16n8k16 A fragment of the warp's 16 rows), B from shared memory MN-major
+ *    (imm-trans-b = 1).
+ * Both accumulate when `accumulate` != 0 (D = A B otherwise). d holds N/2 floats per thread:
+ * d[i] is row 16*warp + lane/4 + 8*((i/2)%2), column 8*(i/4) + 2*(lane%4) + i%2 of the 64 x N
+ * tile.
+ */
+template <typename T, int N>
+struct Wgmma;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASHGEN_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define FLASHGEN_WGMMA_ASM(...)
+#endif
+
+// One specialization: CTYPE the C++ dtype, PTYPE its PTX name, N the shape (N / 2
+// accumulators); the operand lists are wgmma_ops.cuh's FLASHGEN_WGMMA_{ACC,D,SS,SSP,RS,RSP}<N>.
+#define FLASHGEN_WGMMA(CTYPE, PTYPE, N)                                                          \
+  template <>                                                                                  \
+  struct Wgmma<CTYPE, N> {                                                                     \
+    __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t da, uint64_t db,     \
+                                              uint32_t accumulate) {                           \
+      FLASHGEN_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHGEN_WGMMA_SSP##N ", 0;\n"    \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTYPE "." PTYPE " " \
+                         FLASHGEN_WGMMA_ACC##N ", " FLASHGEN_WGMMA_SS##N                       \
+                         ", p, 1, 1, 0, 0;\n}\n"                                               \
+                         : FLASHGEN_WGMMA_D##N                                                 \
+                         : "l"(da), "l"(db), "r"(accumulate));                                 \
+    }                                                                                          \
+    __device__ __forceinline__ static void rs(float (&d)[N / 2], const uint32_t (&a)[4],       \
+                                              uint64_t db, uint32_t accumulate) {              \
+      FLASHGEN_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " FLASHGEN_WGMMA_RSP##N ", 0;\n"    \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTYPE "." PTYPE " " \
+                         FLASHGEN_WGMMA_ACC##N ", " FLASHGEN_WGMMA_RS##N                       \
+                         ", p, 1, 1, 1;\n}\n"                                                  \
+                         : FLASHGEN_WGMMA_D##N                                                 \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),                \
+                           "r"(accumulate));                                                   \
+    }                                                                                          \
+  };
+
+#define FLASHGEN_WGMMA_BF16(N) FLASHGEN_WGMMA(__nv_bfloat16, "bf16", N)
+#define FLASHGEN_WGMMA_F16(N) FLASHGEN_WGMMA(half, "f16", N)
+FLASHGEN_WGMMA_SHAPES(FLASHGEN_WGMMA_BF16)
+FLASHGEN_WGMMA_SHAPES(FLASHGEN_WGMMA_F16)
+
 
 __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
   uint64_t d = 0;

@@ -1,8 +1,11 @@
 /**
- * @brief The Hopper prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
- * and two consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x shared),
- * and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
- * pipelining).
+ * @brief The sm90 prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
+ * and two or three consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x
+ * shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
+ * pipelining). The roles meet in storage.cuh's shared memory; the scheduler thread is
+ * scheduler.cuh's, the K/V copies producer.cuh's, Q staging consumer.cuh's, the split partials
+ * epilogue.cuh's. Still in this body: the scheduler's closures, the consumer's mainloop and the
+ * whole unit's output store (include/flashgen/README.md says why).
  *
  * Consumer iteration j (tile kt_j, buffers s_j):
  *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);
@@ -24,133 +27,27 @@
 #include "flashgen/lse.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill_io.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 #include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/kv_source.cuh"
-#include "flashgen/prefill/kernel.cuh"
 #include "flashgen/prefill/mask.cuh"
 #include "flashgen/prefill/rope.cuh"
 #include "flashgen/prefill/scheduler.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/traits.cuh"
+#include "flashgen/hopper/tuning.cuh"
 #include "flashgen/hopper/wgmma.cuh"
+#include "flashgen/hopper/prefill/consumer.cuh"
+#include "flashgen/hopper/prefill/epilogue.cuh"
+#include "flashgen/hopper/prefill/producer.cuh"
+#include "flashgen/hopper/prefill/scheduler.cuh"
+#include "flashgen/hopper/prefill/storage.cuh"
 
 namespace flashgen {
 namespace hopper {
-
-/** Byte offset of 16-byte chunk `ch` of row r in a 128-byte-swizzled tile of ROWS rows. */
-template <int ROWS>
-__device__ __forceinline__ uint32_t sw128(uint32_t r, uint32_t ch) {
-  return (ch / 8) * (ROWS * 128) + r * 128 + (((ch % 8) ^ (r % 8)) << 4);
-}
-
-/** Where a request's K/V rows start in the tensor maps (single: 0; ragged: kv_indptr[b]). */
-template <typename Params, typename = void>
-struct has_kv_indptr : std::false_type {};
-template <typename Params>
-struct has_kv_indptr<Params, std::void_t<decltype(std::declval<Params>().kv_indptr)>>
-    : std::true_type {};
-
-template <typename Params>
-__device__ __forceinline__ int32_t request_kv_row0(const Params& p, uint32_t batch) {
-  if constexpr (has_kv_indptr<Params>::value) {
-    return p.kv_indptr[batch];
-  } else {
-    return 0;
-  }
-}
-
-/** One work block (unit x kv head) as both roles see it. */
-struct HopperBlock {
-  prefill::WorkUnit w;
-  prefill::RequestInfo rq;
-  uint32_t kv_head, unit, p0;
-  int32_t qo_len, kv_len, kt_begin, n_tiles, free_a, free_b;
-};
-
-/** A slot of the dynamic order's ring: a block's plan as the scheduler thread computed it. */
-struct BlockSlot {
-  HopperBlock b;
-  uint32_t ok;  // 0: no block (the CTA's work is done)
-};
-
-/** Order of a persistent CTA's blocks in single prefill: 0 round-robin, 1 snake (see block_of).
- *  Snake lets causal single prefill run persistent over few rounds (launch.cuh, grid_ctas);
- *  non-causal 8192 measured the same either way (647.9 / 647.2 against 650.0 / 645.6 TFLOP/s,
- *  NOTES-hopper run 10). Batch kernels keep round-robin (paged) or the dynamic order (ragged). */
-#ifndef FLASHGEN_HOPPER_BLOCK_ORDER
-#define FLASHGEN_HOPPER_BLOCK_ORDER 1
-#endif
-
-/** Rows in flight per thread of the page-size-1 gather (each needs its page index and source
- *  address in the producer's 24 registers): 4 spilled 12-60 B in every such kernel. */
-#ifndef FLASHGEN_HOPPER_GATHER_UNROLL
-#define FLASHGEN_HOPPER_GATHER_UNROLL 2
-#endif
-
-/** Dynamic block order: 1, a persistent CTA's first block is blockIdx.x and each next one comes
- *  from an atomic counter in the workspace (zeroed by the prep kernel), so CTAs take the
- *  (heavy-first) blocks in order as they free up; 0, the static order of block_of. Where it
- *  applies: hopper_dynamic_order. */
-#ifndef FLASHGEN_HOPPER_DYNAMIC
-#define FLASHGEN_HOPPER_DYNAMIC 1
-#endif
-
-/** Experiment (FA4's trick): in mask-free tiles, every N-th score's exp2 on the FMA pipe
- *  (exp2_fma) instead of the MUFU unit, which computes 16 exp2 per clock per SM. 0: off. */
-#ifndef FLASHGEN_HOPPER_EXP2_FMA_EVERY
-#define FLASHGEN_HOPPER_EXP2_FMA_EVERY 0
-#endif
-
-/** 2^x for finite x <= 127 on the FMA pipe: x = j + r, |r| <= 1/2 (round to nearest by the
- *  1.5 * 2^23 trick), 2^r by its degree-4 Taylor polynomial (relative error < 5e-5, under the
- *  bf16/f16 rounding of P), 2^j added to the exponent bits. x < -126 gives 2^-126 or less. */
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = x + 12582912.f;
-  const int j = __float_as_int(t) - 0x4B400000;
-  const float r = x - (t - 12582912.f);
-  float p = fmaf(0.0013333558f, r, 0.0096181291f);
-  p = fmaf(p, r, 0.0555041087f);
-  p = fmaf(p, r, 0.2402265070f);
-  p = fmaf(p, r, 0.6931471806f);
-  p = fmaf(p, r, 1.0f);
-  return __int_as_float(__float_as_int(p) + (j << 23));
-}
-
-/** Independent partial maxima / sums per row in the softmax (1: one dependent chain, the
- *  default: run 5 measured 4 and 8 partials 0-3% slower). */
-#ifndef FLASHGEN_HOPPER_REDUCE_PARTIALS
-#define FLASHGEN_HOPPER_REDUCE_PARTIALS 1
-#endif
-
-#ifndef FLASHGEN_HOPPER_RESCALE_THRESHOLD
-#define FLASHGEN_HOPPER_RESCALE_THRESHOLD 8.0f
-#endif
-
-/** Paged K/V by TMA (one 5-D box per page and 64-column block) when pages tile the kv tile in
- *  whole 1024-byte swizzle atoms (page sizes that are multiples of 8 dividing it); else (page
- *  size 1) the producer warpgroup gathers rows with cp.async. A gather of page-16 tiles, with one
- *  page-table load per page and lane, measured 10-15 % under TMA in the harness (NOTES-hopper
- *  run 12). */
-template <int TILE_KV, int PAGE_SIZE>
-__host__ __device__ constexpr bool hopper_paged_tma() {
-  return PAGE_SIZE > 0 && PAGE_SIZE % 8 == 0 && TILE_KV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
-}
-
-/** Whether a kernel takes its blocks in the dynamic order (host and device: the launch sizes
- *  the grid and has the prep kernel zero the counter accordingly). Batch kernels over
- *  contiguous K/V only. Single prefill keeps the static order: zeroing the counter needs a
- *  memset node ahead of the kernel (no prep kernel there), which cost causal 1024 7 %, and the
- *  persistent grid cost causal d256 8192 7.5 % (session 10's A/B, NOTES-hopper.md). Paged
- *  producers keep it too: reading the ring cost the 24-register copy warp 44-92 bytes of
- *  spills. */
-template <bool BATCH, int PAGE_SIZE>
-__host__ __device__ constexpr bool hopper_dynamic_order() {
-  return FLASHGEN_HOPPER_DYNAMIC != 0 && BATCH && PAGE_SIZE == 0;
-}
 
 /**
  * PAGE_SIZE 0: K/V by TMA through `maps` (single, ragged). Paged with page sizes that are
@@ -209,16 +106,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw_addr);
-  const uint32_t q_addr = base;
-  auto k_addr = [&](uint32_t s) { return base + Traits::kQBytes + s * Traits::kKVBytes; };
-  auto v_addr = [&](uint32_t s) {
-    return base + Traits::kQBytes + (kStages + s) * Traits::kKVBytes;
-  };
-  const uint32_t bar = base + Traits::kBarOffset;
-  auto full_k = [&](uint32_t s) { return bar + 8 * s; };
-  auto full_v = [&](uint32_t s) { return bar + 8 * (kStages + s); };
-  auto empty_k = [&](uint32_t s) { return bar + 8 * (2 * kStages + s); };
-  auto empty_v = [&](uint32_t s) { return bar + 8 * (3 * kStages + s); };
+  const PrefillStorage<Traits> st{smem, base};
+  const uint32_t q_addr = st.q_addr();
+  auto k_addr = [&](uint32_t s) { return st.k_addr(s); };
+  auto v_addr = [&](uint32_t s) { return st.v_addr(s); };
+  const uint32_t bar = st.bar();
+  auto full_k = [&](uint32_t s) { return st.full_k(s); };
+  auto full_v = [&](uint32_t s) { return st.full_v(s); };
+  auto empty_k = [&](uint32_t s) { return st.empty_k(s); };
+  auto empty_v = [&](uint32_t s) { return st.empty_v(s); };
 
   // Dynamic order: the scheduler thread publishes each round's planned block in a two-slot ring.
   const uint32_t sched_bar = base + Traits::kSchedOffset;
@@ -231,21 +127,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const uint32_t tid = threadIdx.x;
   const uint32_t wg = tid / 128;
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), kFullCount);
-      mbar_init(full_v(s), kFullCount);
-      mbar_init(empty_k(s), Traits::kConsumerWarps);
-      mbar_init(empty_v(s), Traits::kConsumerWarps);
-    }
-    mbar_init(bar + 8 * 4 * kStages, 1);  // paged TMA: the tail tile's V
-    mbar_init(sched_full(0), 1);
-    mbar_init(sched_full(1), 1);
-    mbar_init(sched_empty(0), Traits::kConsumerWarps + 1);  // + the copy-issuing warp
-    mbar_init(sched_empty(1), Traits::kConsumerWarps + 1);
-    mbar_init_fence();
-  }
+  if (tid == 0) st.init_barriers(kFullCount);
   if (!kGather && tid == 32) {
     tma_prefetch_map(&maps.k);
     tma_prefetch_map(&maps.v);
@@ -256,13 +138,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const uint32_t num_kv_heads = params.num_kv_heads;
   const uint32_t G = params.num_qo_heads / num_kv_heads;
-  uint8_t* variant_smem = smem + Traits::kVariantOffset;
+  uint8_t* variant_smem = st.variant_smem();
 
   // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
-  // grid) or snake (odd rounds reversed, so the CTA that took the heaviest block of a round
-  // takes the lightest of the next: blocks come heavy-first).
-  constexpr bool kSnake =
-      FLASHGEN_HOPPER_BLOCK_ORDER == 1 && std::is_same_v<Sched, prefill::SingleSched>;
+  // grid) in the batch kernels, snake in single prefill (odd rounds reversed, so the CTA that
+  // took the heaviest block of a round takes the lightest of the next: blocks come heavy-first;
+  // it lets causal single prefill run persistent over few rounds, launch.cuh's grid_ctas).
+  constexpr bool kSnake = std::is_same_v<Sched, prefill::SingleSched>;
   auto block_of = [&](uint32_t round) -> uint32_t {
     const uint32_t c = (kSnake && (round & 1u))
                            ? gridDim.x - 1u - blockIdx.x
@@ -330,189 +212,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     setmaxnreg_dec<Traits::kProducerRegs>();
     if constexpr (kDynamic) {
       if (tid == 32) {
-        // scheduler: plan and publish every round's block, up to the first that is not a real
-        // unit (the end, see above)
-        for (uint32_t round = 0;; ++round) {
-          const uint32_t blk = round == 0 ? blockIdx.x : gridDim.x + atomicAdd(block_counter, 1u);
-          // (a block ahead of the consumers: the plan's loads are off their path)
-          const uint32_t k = round & 1u;
-          mbar_wait(sched_empty(k), ((round >> 1) & 1u) ^ 1u);
-          const bool ok = blk < num_blocks && plan(blk, ring[k].b);
-          ring[k].ok = ok ? 1u : 0u;
-          mbar_arrive(sched_full(k));
-          if (!ok) break;
-        }
+        run_scheduler(num_blocks, block_counter, ring, plan, sched_full, sched_empty);
         return;
       }
     }
+    const StageRefs<decltype(k_addr), decltype(v_addr), decltype(full_k), decltype(full_v),
+                    decltype(empty_k), decltype(empty_v)>
+        sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
     if constexpr (kPagedTma) {
-      // Warp 0 issues the copies: lane l owns box l of a tile (page l / kBlocks of the tile,
-      // column block l % kBlocks), loads that page's id a tile ahead (one register, no
-      // shuffles) and issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction
-      // instead of one thread's loop, and the page-table load is off the copy path.
       if (tid < 32) {
-        constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
-        constexpr int kBoxes = kPages * Traits::kBlocks;
-        static_assert(kBoxes <= 32, "one box per lane of the issuing warp");
-        const uint32_t lane = tid;
-        const bool issuer = lane < uint32_t(kBoxes);
-        const int32_t box_page = int32_t(lane) / Traits::kBlocks;
-        const int32_t box_cb = int32_t(lane) % Traits::kBlocks;
-        const uint32_t box_off =
-            uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
-        const uint32_t tail_bar = bar + 8 * 4 * kStages;
-        uint32_t g = 0, tail_ph = 0;
-        // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
-        auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
-          const uint8_t a = porder.at[k];
-          return a == 0 ? 0 : (a == 1 ? head : (a == 2 ? kv : pg));
-        };
-        for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-          const uint32_t blk = block_of(round);
-          HopperBlock b;
-          if (blk >= num_blocks || !plan(blk, b)) continue;
-          const int32_t head = int32_t(b.kv_head);
-          const int32_t n_pages = (b.kv_len + PAGE_SIZE - 1) / PAGE_SIZE;
-          const int32_t* pages = params.kv_indices + b.rq.page0;
-          // this lane's page id for tile j (-1: past the request's pages, zero fill)
-          auto page_of = [&](int32_t j) -> int32_t {
-            const int32_t pi = (b.kt_begin + j) * (kTileKV / PAGE_SIZE) + box_page;
-            return issuer && j < b.n_tiles && pi < n_pages ? __ldg(pages + pi) : -1;
-          };
-          int32_t pid_next = page_of(0);
-          for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-            const uint32_t s = g % kStages;
-            const uint32_t ph = (g / kStages) & 1u;
-            const int32_t t0 = (b.kt_begin + j) * kTileKV;
-            const int32_t pid = pid_next;
-            pid_next = page_of(j + 1);  // in flight while the buffers drain
-            auto load = [&](uint32_t dst, uint32_t done, int32_t kv) {
-              if (issuer) {
-                tma_load_5d(dst + box_off, &maps.k, done, box_cb * 64, coord(0, head, kv, pid),
-                            coord(1, head, kv, pid), coord(2, head, kv, pid),
-                            coord(3, head, kv, pid));
-              }
-            };
-            mbar_wait(empty_k(s), ph ^ 1u);
-            if (lane == 0) mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-            __syncwarp();
-            if constexpr (kRope) {
-              // rotated keys: the dense workspace rows, as ragged
-              const int32_t row = int32_t(b.rq.kv_row0) + t0;
-              const int32_t k1 = order_v.rows_first ? row : head;
-              const int32_t k2 = order_v.rows_first ? head : row;
-              if (lane < uint32_t(Traits::kBlocks)) {
-                tma_load_3d(k_addr(s) + lane * kTileKV * 128, &maps.v, full_k(s),
-                            int32_t(lane) * 64, k1, k2);
-              }
-            } else {
-              load(k_addr(s), full_k(s), 0);
-            }
-            mbar_wait(empty_v(s), ph ^ 1u);
-            // Rows past kv_len in the request's last page hold whatever the cache slot holds:
-            // zeroed here before the consumers see the tile (P is 0 there, but 0 * NaN is not).
-            const int32_t z_lo = b.kv_len - t0;
-            const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
-            if (z_lo < z_hi) {
-              if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
-              __syncwarp();
-              load(v_addr(s), tail_bar, 1);
-              mbar_wait(tail_bar, tail_ph);
-              tail_ph ^= 1u;
-              uint8_t* vs = smem + (v_addr(s) - base);
-              const int32_t n = (z_hi - z_lo) * Traits::kBlocks * 8;  // 16-byte chunks
-              for (int32_t i = int32_t(lane); i < n; i += 32) {
-                const int32_t cb = i / ((z_hi - z_lo) * 8), rem = i % ((z_hi - z_lo) * 8);
-                *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + (z_lo + rem / 8) * 128 +
-                                          (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
-              }
-              fence_proxy_async();
-              __syncwarp();
-              if (lane == 0) mbar_arrive(full_v(s));
-            } else {
-              if (lane == 0) mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
-              __syncwarp();
-              load(v_addr(s), full_v(s), 1);
-            }
-          }
-        }
+        load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
+                                                 porder, num_blocks, block_of, plan, sg, tid);
       }
       return;
     } else if constexpr (kGather) {
-      // Thread t copies 16-byte chunk t % kChunks of rows t / kChunks + kRowStep * i.
-      constexpr uint32_t kChunks = kD / 8;
-      constexpr uint32_t kRowStep = 128 / kChunks;
-      constexpr int kPasses = kTileKV / int(kRowStep);
-      static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
-      constexpr int kGatherUnroll = FLASHGEN_HOPPER_GATHER_UNROLL;  // (pragmas expand no macros)
-      const uint32_t c = tid % kChunks, r0 = tid / kChunks;
-      uint32_t g = 0;
-      for (uint32_t round = 0; round * gridDim.x < num_blocks; ++round) {
-        const uint32_t blk = block_of(round);
-        HopperBlock b;
-        if (blk >= num_blocks || !plan(blk, b)) continue;
-        const auto src = prefill::make_kv<kD, PAGE_SIZE, kRope>(params, b.rq, b.kv_head, rope_k);
-        for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-          const uint32_t s = g % kStages;
-          const uint32_t ph = (g / kStages) & 1u;
-          const int32_t pos0 = (b.kt_begin + j) * kTileKV + int32_t(r0);
-          mbar_wait(empty_k(s), ph ^ 1u);
-#pragma unroll kGatherUnroll
-          for (int i = 0; i < kPasses; ++i) {
-            const int32_t pos = pos0 + i * int32_t(kRowStep);
-            const bool ok = pos < b.kv_len;
-            const DTypeKV* row = src.k_row(ok && !kRope ? src.page(uint32_t(pos)) : 0,
-                                           ok ? uint32_t(pos) : 0u);
-            ptx::cp_async_16(k_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                             ok ? 16u : 0u);
-          }
-          mbar_cp_async_arrive(full_k(s));
-          mbar_wait(empty_v(s), ph ^ 1u);
-#pragma unroll kGatherUnroll
-          for (int i = 0; i < kPasses; ++i) {
-            const int32_t pos = pos0 + i * int32_t(kRowStep);
-            const bool ok = pos < b.kv_len;
-            const DTypeKV* row = src.v_row(ok ? src.page(uint32_t(pos)) : 0,
-                                           ok ? uint32_t(pos) : 0u);
-            ptx::cp_async_16(v_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                             ok ? 16u : 0u);
-          }
-          mbar_cp_async_arrive(full_v(s));
-        }
-      }
+      load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
       return;
     }
     if (tid == 0) {
-      uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
-      for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-      HopperBlock b;
-      if (!next_block(round, 1u, b)) {
-        if constexpr (kDynamic) break; else continue;
-      }
-      const uint32_t kv_head = b.kv_head;
-      const int32_t row0 = request_kv_row0(params, b.w.batch);
-      for (int32_t j = 0; j < b.n_tiles; ++j, ++g) {
-        const uint32_t s = g % kStages;
-        const uint32_t ph = (g / kStages) & 1u;
-        const int32_t row = row0 + (b.kt_begin + j) * kTileKV;
-        const int32_t k1 = order_k.rows_first ? row : int32_t(kv_head);
-        const int32_t k2 = order_k.rows_first ? int32_t(kv_head) : row;
-        const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
-        const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
-        mbar_wait(empty_k(s), ph ^ 1u);
-        mbar_arrive_expect_tx(full_k(s), Traits::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-          tma_load_3d(k_addr(s) + cb * kTileKV * 128, &maps.k, full_k(s), cb * 64, k1, k2);
-        }
-        mbar_wait(empty_v(s), ph ^ 1u);
-        mbar_arrive_expect_tx(full_v(s), Traits::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-          tma_load_3d(v_addr(s) + cb * kTileKV * 128, &maps.v, full_v(s), cb * 64, v1, v2);
-        }
-      }
-      }
+      load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
     }
     return;
   }
@@ -546,29 +264,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
   named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
-  // ---- Q: rows of this warpgroup, RoPE + QueryTransform in fp32, stored swizzled.
-  {
-    constexpr int kHalf = kD / 16;  // 16-byte chunks per half row
-    constexpr int kUnits = 64 * kHalf;
-    rope::LlamaRope rp;
-    if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
-#pragma unroll
-    for (int it = 0; it < kUnits / 128; ++it) {
-      const uint32_t idx = it * 128 + ctid;
-      const uint32_t r = cw * 64 + idx / kHalf;
-      const uint32_t c = idx % kHalf;
-      const uint32_t p = p0 + r;
-      const int32_t token = int32_t(p / G);
-      const uint32_t head = kv_head * G + p % G;
-      float lo[8], hi[8];
-      prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
-                                            rp, lo, hi);
-      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = prefill::pack8<DTypeQ>(lo);
-      *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = prefill::pack8<DTypeQ>(hi);
-    }
-    fence_proxy_async();
-    named_barrier(1 + cw, 128);
-  }
+  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
 
   // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
   int32_t tok[2];
@@ -699,72 +395,42 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     if constexpr (kSoftmax) {
-      // Row max and row sum over kReduce independent partials per row (an ILP experiment after
-      // ncu showed latency-bound softmax warps; no gain measured, see NOTES-hopper.md run 5).
-      // With a fixed reference (LogitsRange) there is no max and no rescale.
-      constexpr int kReduce = FLASHGEN_HOPPER_REDUCE_PARTIALS;
+      // Row max and row sum, one dependent chain per row. With a fixed reference (LogitsRange)
+      // there is no max and no rescale.
       scale[0] = scale[1] = 1.f;
       if (!fixed_max) {
-      float mp[2][kReduce];
+        float mx[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) mx[h] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
 #pragma unroll
-        for (int k = 0; k < kReduce; ++k) mp[h][k] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
-      }
+        for (int i = 0; i < kS; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
 #pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        mp[(i / 2) % 2][(i / 4) % kReduce] = fmaxf(mp[(i / 2) % 2][(i / 4) % kReduce], s[i]);
-      }
-      float mx[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = mp[h][0];
-#pragma unroll
-        for (int k = 1; k < kReduce; ++k) mx[h] = fmaxf(mx[h], mp[h][k]);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
-        if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        if (mx[h] > m[h] + float(FLASHGEN_HOPPER_RESCALE_THRESHOLD)) {
-          scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
-          m[h] = mx[h];
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
+          if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          if (mx[h] > m[h] + kRescaleThreshold) {
+            scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
+            m[h] = mx[h];
+          }
         }
-      }
       }
       float m_ref[2] = {lse::reference(m[0]), lse::reference(m[1])};
       if constexpr (kLinearBias) {
         m_ref[0] -= row_base[0];
         m_ref[1] -= row_base[1];
       }
-      float sp[2][kReduce];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int k = 0; k < kReduce; ++k) sp[h][k] = 0.f;
-      }
+      float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
-        constexpr int kEvery = FLASHGEN_HOPPER_EXP2_FMA_EVERY;
         const float x = kTanhCap ? fmaf(s[i], logit_scale, -m_ref[h]) : s[i] - m_ref[h];
-        if constexpr (kEvery > 0 && !kMask) {
-          // mask-free tile: every score is finite (no -inf reaches exp2_fma)
-          s[i] = (i % (kEvery > 0 ? kEvery : 1) == kEvery - 1) ? exp2_fma(x) : math::ptx_exp2(x);
-        } else {
-          s[i] = math::ptx_exp2(x);
-        }
-        sp[h][(i / 4) % kReduce] += s[i];
+        s[i] = math::ptx_exp2(x);
+        sum[h] += s[i];
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float sum = sp[h][0];
-#pragma unroll
-        for (int k = 1; k < kReduce; ++k) sum += sp[h][k];
-        l[h] = l[h] * scale[h] + sum;
-      }
+      for (int h = 0; h < 2; ++h) l[h] = l[h] * scale[h] + sum[h];
     } else {
       float sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -858,31 +524,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   g += uint32_t(n_tiles);
 
-  // ---- epilogue: O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
+  // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
+  // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+  reduce_row_sums(l);
   if (w.splits > 1) {
-    // Split unit: fp32 partials (normalized for softmax) and base-2 LSE or the plain sum, in
-    // slot `unit` (prefill/merge.cuh combines them).
-    const int64_t slot_row0 = (int64_t(unit) * num_kv_heads + kv_head) * kTileQ;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-      const float inv = lse::inverse<kSoftmax>(l[h]);
-      float* dst = part.o + (slot_row0 + r) * kD + 2 * quad;
-#pragma unroll
-      for (int j = 0; j < kO / 4; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-      }
-      if (quad == 0) {
-        part.lse[slot_row0 + r] =
-            lse::weight<kSoftmax>(m[h], l[h]);
-      }
-    }
+    store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
+                                     m, l);
     continue;
   }
   named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
