@@ -95,6 +95,12 @@ fn write_small(out: &Path, sde: Option<u64>) -> WrittenWheel {
     Inputs::new().builder().write(out, sde).unwrap()
 }
 
+/// The entries of the small wheel, written to a temporary folder and read back from the zip.
+fn small_wheel_entries(sde: Option<u64>) -> Vec<(String, Vec<u8>, u32, zip::DateTime)> {
+    let out = tempfile::tempdir().unwrap();
+    read_zip(&write_small(out.path(), sde).path)
+}
+
 #[test]
 fn small_wheel_has_exactly_these_entries_in_this_order() {
     let out = tempfile::tempdir().unwrap();
@@ -135,9 +141,7 @@ fn small_wheel_has_exactly_these_entries_in_this_order() {
 
 #[test]
 fn record_lists_every_entry_with_a_hash_recomputed_from_the_zip() {
-    let out = tempfile::tempdir().unwrap();
-    let w = write_small(out.path(), None);
-    let entries = read_zip(&w.path);
+    let entries = small_wheel_entries(None);
     let (record_name, record, _, _) = entries.last().unwrap();
     assert_eq!(record_name, "flashgen_demo-0.1.0.dist-info/RECORD");
     let record = String::from_utf8(record.clone()).unwrap();
@@ -155,9 +159,7 @@ fn record_lists_every_entry_with_a_hash_recomputed_from_the_zip() {
 
 #[test]
 fn modes_and_times_are_fixed() {
-    let out = tempfile::tempdir().unwrap();
-    let w = write_small(out.path(), None);
-    let modes: BTreeMap<String, u32> = read_zip(&w.path)
+    let modes: BTreeMap<String, u32> = small_wheel_entries(None)
         .into_iter()
         .map(|(name, _, mode, time)| {
             assert_eq!((time.year(), time.month(), time.day()), (1980, 1, 1));
@@ -172,10 +174,8 @@ fn modes_and_times_are_fixed() {
     assert_eq!(modes["flashgen_demo/_lib/lib.so"], 0o100644);
     assert_eq!(modes["flashgen_demo-0.1.0.dist-info/RECORD"], 0o100644);
 
-    let out2 = tempfile::tempdir().unwrap();
     // 2023-11-14T22:13:20Z
-    let w2 = write_small(out2.path(), Some(1_700_000_000));
-    for (_, _, _, t) in read_zip(&w2.path) {
+    for (_, _, _, t) in small_wheel_entries(Some(1_700_000_000)) {
         assert_eq!(
             (
                 t.year(),
@@ -315,9 +315,7 @@ fn name_is_normalized_in_the_file_name_and_folders() {
 
 #[test]
 fn metadata_and_wheel_files_inside_the_wheel() {
-    let out = tempfile::tempdir().unwrap();
-    let w = write_small(out.path(), None);
-    let entries: BTreeMap<String, String> = read_zip(&w.path)
+    let entries: BTreeMap<String, String> = small_wheel_entries(None)
         .into_iter()
         .map(|(n, b, _, _)| (n, String::from_utf8_lossy(&b).into_owned()))
         .collect();
