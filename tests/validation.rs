@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 mod common;
 use common::{
-    assert_stderr_has, assert_success, assert_usage_error, copy_dir, repo, stderr, stdout,
+    assert_error_field, assert_stderr_has, assert_success, assert_usage_error, copy_dir, repo,
+    stderr, stdout,
 };
 
 /// A private copy of the toy fixture (see `common::Tree`, which this derefs to) whose commands
@@ -529,12 +530,7 @@ fn non_ascii_and_odd_arch_lists_are_usage_errors() {
         assert_usage_error(&o, &["--arch: "]);
         let o = t.run(&["doctor", "--json", "--arch", arch]);
         let doctor: Value = serde_json::from_slice(&o.stdout).unwrap();
-        assert!(
-            doctor["archs"]["error"]
-                .as_str()
-                .is_some_and(|e| e.starts_with("--arch: ")),
-            "{doctor}"
-        );
+        assert_error_field(&doctor, "archs", |e| e.starts_with("--arch: "));
     }
 }
 

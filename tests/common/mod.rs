@@ -325,6 +325,13 @@ pub fn assert_stderr_has(o: &Output, needle: &str) {
     assert!(stderr(o).contains(needle), "{}", stderr(o));
 }
 
+/// `v[section]["error"]` (a section of `doctor --json`) is a string that `ok` accepts; else `v`
+/// is the failure message.
+#[track_caller]
+pub fn assert_error_field(v: &Value, section: &str, ok: impl FnOnce(&str) -> bool) {
+    assert!(v[section]["error"].as_str().is_some_and(ok), "{v}");
+}
+
 pub fn assert_usage_error(o: &Output, needles: &[&str]) {
     assert_eq!(
         o.status.code(),
