@@ -286,16 +286,7 @@ fn the_generated_header_exposes_the_backend_to_the_sources() {
     let h = std::fs::read_to_string(t.path("disp/kern/flashgen_instance.cuh")).unwrap();
     assert!(h.contains("// axis backend (backend): portable\n"), "{h}");
     assert!(h.contains("#define FLASHGEN_BACKEND_sm90 0\n#define FLASHGEN_BACKEND_portable 1"));
-    let o = t.run(&[
-        "generate",
-        "--dispatch",
-        "--out",
-        "disp90",
-        "--arch",
-        "9.0a",
-    ]);
-    assert_success(&o);
-    let h = std::fs::read_to_string(t.path("disp90/kern/flashgen_instance.cuh")).unwrap();
+    let h = dispatch_header(t.cmd(), &t, "disp90", "kern", &["--arch", "9.0a"]);
     assert!(
         h.contains("// axis backend (backend): sm90, portable\n"),
         "{h}"

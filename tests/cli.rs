@@ -263,21 +263,14 @@ fn generated_header_matches_snapshot_and_is_not_rewritten_when_unchanged() {
 #[test]
 fn dispatching_header_matches_snapshot() {
     let t = Tree::new("toy");
-    let o = t.run(&[
-        "generate",
-        "--dispatch",
-        "--out",
+    let header = dispatch_header(
+        t.cmd(),
+        &t,
         "gen",
-        "--where",
-        "width=32",
-        "--where",
-        "width=*",
-    ]);
-    assert_success(&o);
-    snapshot(
-        "toy_dispatch_header.cuh",
-        &std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap(),
+        "toy",
+        &["--where", "width=32", "--where", "width=*"],
     );
+    snapshot("toy_dispatch_header.cuh", &header);
 }
 
 /// Compares with tests/snapshots/NAME; `UPDATE_SNAPSHOTS=1` rewrites it.

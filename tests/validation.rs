@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 mod common;
 use common::{
-    assert_error_field, assert_stderr_has, assert_success, assert_usage_error, copy_dir, repo,
-    stderr, stdout,
+    assert_error_field, assert_stderr_has, assert_success, assert_usage_error, copy_dir,
+    dispatch_header, repo, stderr, stdout,
 };
 
 /// A private copy of the toy fixture (see `common::Tree`, which this derefs to) whose commands
@@ -391,16 +391,7 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
         ])
     );
     // The dispatching header declares them with that spelling (no compiler needed for it).
-    let o = t.run(&[
-        "generate",
-        "--dispatch",
-        "--out",
-        "gen",
-        "--where",
-        "variant=scaled",
-    ]);
-    assert_success(&o);
-    let h = std::fs::read_to_string(t.path("gen/toy/flashgen_instance.cuh")).unwrap();
+    let h = dispatch_header(t.cmd(), &t, "gen", "toy", &["--where", "variant=scaled"]);
     assert!(
         h.contains(
             "#define ADDITIONAL_PARAMS_DECL float scale; const int64_t* table; uint32_t* out;\n"

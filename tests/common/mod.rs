@@ -332,6 +332,24 @@ pub fn assert_error_field(v: &Value, section: &str, ok: impl FnOnce(&str) -> boo
     assert!(v[section]["error"].as_str().is_some_and(ok), "{v}");
 }
 
+/// `generate --dispatch --out OUT EXTRA...` run by `c` (a command of tree `t`), which must
+/// succeed; the dispatching header it wrote for `module`.
+pub fn dispatch_header(
+    mut c: Command,
+    t: &Tree,
+    out: &str,
+    module: &str,
+    extra: &[&str],
+) -> String {
+    let o = c
+        .args(["generate", "--dispatch", "--out", out])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_success(&o);
+    std::fs::read_to_string(t.path(&format!("{out}/{module}/flashgen_instance.cuh"))).unwrap()
+}
+
 pub fn assert_usage_error(o: &Output, needles: &[&str]) {
     assert_eq!(
         o.status.code(),
