@@ -230,15 +230,8 @@ fn a_jit_only_wheel_needs_no_toolchain_and_ships_an_empty_manifest() {
     ] {
         assert!(names.iter().any(|n| n == needed), "no {needed}: {names:?}");
     }
-    let manifest: Value = {
-        use std::io::Read;
-        let mut s = String::new();
-        zip.by_name("flashgen/_aot/manifest.json")
-            .unwrap()
-            .read_to_string(&mut s)
-            .unwrap();
-        serde_json::from_str(&s).unwrap()
-    };
+    let manifest: Value =
+        serde_json::from_str(&zip_text(&mut zip, "flashgen/_aot/manifest.json")).unwrap();
     assert_eq!(manifest["instances"], serde_json::json!([]));
     assert_eq!(manifest["runs_on"], serde_json::json!([]));
     assert!(

@@ -231,24 +231,13 @@ fn manylinux_wheel_is_tagged_2_17_and_a_newer_binary_is_refused() {
         "{wheel}"
     );
     // Its jit extra brings the zig its JIT builds with, and its manifest says for which glibc.
-    let mut zip = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap()).unwrap();
-    let read = |zip: &mut zip::ZipArchive<std::fs::File>, suffix: &str| {
-        let name = zip
-            .file_names()
-            .find(|n| n.ends_with(suffix))
-            .unwrap()
-            .to_string();
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut zip.by_name(&name).unwrap(), &mut text).unwrap();
-        text
-    };
-    let metadata = read(&mut zip, ".dist-info/METADATA");
+    let metadata = wheel_member(Path::new(&wheel), ".dist-info/METADATA");
     assert!(
         metadata.contains("\nRequires-Dist: ziglang==0.13.0; extra == \"jit\"\n"),
         "{metadata}"
     );
     let manifest: serde_json::Value =
-        serde_json::from_str(&read(&mut zip, "_aot/manifest.json")).unwrap();
+        serde_json::from_str(&wheel_member(Path::new(&wheel), "_aot/manifest.json")).unwrap();
     assert_eq!(manifest["manylinux"], "2_17");
 
     // The test's own binary is dynamic and built on this glibc: refused, not tagged higher.

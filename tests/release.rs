@@ -2,7 +2,6 @@
 //! variants.json's `release.archs`, and every wheel is measured against the size budget, which
 //! refuses (and removes) a wheel that is over and names what takes the room.
 
-use std::io::Read;
 use std::path::Path;
 
 use serde_json::Value;
@@ -17,12 +16,7 @@ fn set_release(t: &Tree, release: Value) {
 
 fn manifest_of(wheel: &Path) -> Value {
     let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
-    let mut s = String::new();
-    zip.by_name("flashgen/_aot/manifest.json")
-        .unwrap()
-        .read_to_string(&mut s)
-        .unwrap();
-    serde_json::from_str(&s).unwrap()
+    serde_json::from_str(&zip_text(&mut zip, "flashgen/_aot/manifest.json")).unwrap()
 }
 
 #[test]
@@ -78,19 +72,6 @@ fn the_budget_refuses_and_removes_a_wheel_that_is_over_and_says_what_takes_the_r
     set_release(&t, serde_json::json!({"max_wheel_mib": 0.5}));
     let o = t.run(&["list-variants"]);
     assert_usage_error(&o, &["release.max_wheel_mib", "0.5"]);
-}
-
-/// A file of a wheel, as text.
-fn read_member(wheel: &Path, suffix: &str) -> String {
-    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
-    let name = zip
-        .file_names()
-        .find(|n| n.ends_with(suffix))
-        .unwrap_or_else(|| panic!("{}: no {suffix}", wheel.display()))
-        .to_string();
-    let mut s = String::new();
-    zip.by_name(&name).unwrap().read_to_string(&mut s).unwrap();
-    s
 }
 
 #[test]
@@ -174,7 +155,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
         ),
         (&release[1], "flashgen_kernels_sm90a", vec!["sm_90a"]),
     ] {
-        let m: Value = serde_json::from_str(&read_member(
+        let m: Value = serde_json::from_str(&wheel_member(
             wheel,
             &format!("{package}/_aot/manifest.json"),
         ))
@@ -186,7 +167,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
                 targets.iter().map(|t| t.to_string()).collect()
             )
         );
-        let meta = read_member(wheel, ".dist-info/METADATA");
+        let meta = wheel_member(wheel, ".dist-info/METADATA");
         assert!(
             meta.contains("\nRequires-Dist: flashgen==0.1.0\n"),
             "{meta}"
@@ -194,14 +175,15 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     }
     // The core: no kernels; its manifest names the kernel packages, its extras install them.
     let core = &release[2];
-    let m: Value = serde_json::from_str(&read_member(core, "flashgen/_aot/manifest.json")).unwrap();
+    let m: Value =
+        serde_json::from_str(&wheel_member(core, "flashgen/_aot/manifest.json")).unwrap();
     assert_eq!(m["instances"], serde_json::json!([]));
     let packages: Vec<&str> = field_strs(&m["kernel_packages"], "package");
     assert_eq!(
         packages,
         ["flashgen_kernels_sm80", "flashgen_kernels_sm90a"]
     );
-    let meta = read_member(core, ".dist-info/METADATA");
+    let meta = wheel_member(core, ".dist-info/METADATA");
     for line in [
         "Provides-Extra: sm80",
         "Provides-Extra: sm90a",

@@ -275,6 +275,24 @@ pub fn field_strs<'a>(rows: &'a Value, field: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The member `name` of a zip (a wheel) as text.
+pub fn zip_text(zip: &mut zip::ZipArchive<std::fs::File>, name: &str) -> String {
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut zip.by_name(name).unwrap(), &mut s).unwrap();
+    s
+}
+
+/// The file of a wheel whose name ends with `suffix`, as text.
+pub fn wheel_member(wheel: &Path, suffix: &str) -> String {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
+    let name = zip
+        .file_names()
+        .find(|n| n.ends_with(suffix))
+        .unwrap_or_else(|| panic!("{}: no {suffix}", wheel.display()))
+        .to_string();
+    zip_text(&mut zip, &name)
+}
+
 /// The `instances` rows of two build summaries, side by side.
 pub fn zip_instances<'a>(
     a: &'a Value,
