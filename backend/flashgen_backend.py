@@ -43,9 +43,9 @@ TREE: Dict[str, Any] = _DATA["tree"]  # skip_names, skip_prefixes, skip_suffixes
 NAME = METADATA["name"]
 
 # What an sdist holds: enough to build the binary (Cargo.toml, Cargo.lock, src/) and the wheel
-# (the kernel tree, variants.json, the Python package), and this backend.
+# (the kernel tree, variants.json, the Python package), this backend, and the docs the README links.
 SDIST_ROOTS = ("pyproject.toml", "Cargo.toml", "Cargo.lock", "README.md", "DEVELOPERS.md", "LICENSE",
-               "variants.json", "backend", "src", "csrc", "include", "python")
+               "CHANGELOG.md", "docs", "variants.json", "backend", "src", "csrc", "include", "python")
 # 1980-01-01T00:00:00Z: the wheel writer's time when SOURCE_DATE_EPOCH is unset.
 DEFAULT_EPOCH: int = TREE["min_epoch"]
 
