@@ -93,10 +93,10 @@ class Variant:
     """A user-written attention variant, compiled on first use by the JIT.
 
     ``source`` is C++ in flashgen's variant interface: a struct template over the kernel's params
-    type with the hooks it overrides (see the README). Its additional parameters are declared as
-    ``params=[("logits_scale", "float"), ...]`` and read in the source as ``params.logits_scale``;
-    callers pass them as keyword arguments. ``struct`` names the template when the source defines
-    more than one.
+    type with the hooks it overrides (docs/user-guide.md, "Writing a variant"). Its additional
+    parameters are declared as ``params=[("logits_scale", "float"), ...]`` and read in the
+    source as ``params.logits_scale``; callers pass them as keyword arguments. ``struct`` names
+    the template when the source defines more than one.
     """
 
     __slots__ = ("name", "source", "params", "struct", "digest")
