@@ -59,7 +59,7 @@ import random
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -739,19 +739,28 @@ def _shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------- the matrix
 
+def by_jit_if_custom(case: dict[str, Any], run: Callable[[dict[str, Any]], None]) -> None:
+    """Run a case; one of the user variant compiles through the JIT, so with the JIT disabled
+    (an installed release, ``NO_JIT``) it must refuse with ``JITDisabledError`` instead."""
+    if case["variant"] == CUSTOM:
+        needs_jit(lambda: run(case))
+    else:
+        run(case)
+
+
 @pytest.mark.parametrize("case", single_cases(), ids=case_id)
 def test_single_prefill(case: dict[str, Any]) -> None:
-    run_single(case)
+    by_jit_if_custom(case, run_single)
 
 
 @pytest.mark.parametrize("case", batch_cases(), ids=case_id)
 def test_batch_prefill(case: dict[str, Any]) -> None:
-    run_batch(case)
+    by_jit_if_custom(case, run_batch)
 
 
 @pytest.mark.parametrize("case", rope_cases(), ids=case_id)
 def test_rope_llama(case: dict[str, Any]) -> None:
-    (run_single if case["kind"] == "single" else run_batch)(case)
+    by_jit_if_custom(case, run_single if case["kind"] == "single" else run_batch)
 
 
 @pytest.mark.parametrize("case", custom_cases(), ids=case_id)
@@ -895,6 +904,10 @@ def _agree(a: Any, b: Any, la: Any, lb: Any, dtype: str, what: str) -> None:
 
 @pytest.mark.parametrize("case", [dict(c, decode=True) for c in decode_cases()], ids=case_id)
 def test_qo_len_1_prefill_equals_decode(case: dict[str, Any]) -> None:
+    by_jit_if_custom(case, _qo_len_1_prefill_equals_decode)
+
+
+def _qo_len_1_prefill_equals_decode(case: dict[str, Any]) -> None:
     gen = torch.Generator(device=DEV).manual_seed(_seed(case))
     rng = random.Random(_seed(case))
     dt, d, hq, layout = case["dtype"], case["head_dim"], HKV * case["group"], case["layout"]
