@@ -29,6 +29,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_SRC = REPO / "python"
 NO_JIT = os.environ.get("FLASHGEN_TEST_DISABLE_JIT") == "1"
+# The caller's flashgen settings, which no test inherits (each test states what it needs).
+INHERITED_SETTINGS = ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST",
+                      "FLASHGEN_DEVICE_CC", "FLASHGEN_MANYLINUX")
 # The small wheel CI builds: one instance, one arch.
 SMALL_WHEEL_ARGS = ["--arch", "9.0a", "--module", "single_decode", "--where", "dtype=bf16",
                     "--where", "head_dim=128", "--where", "pos_encoding=none", "--where", "variant=default",
@@ -50,8 +53,7 @@ if not _installed_elsewhere() and str(PYTHON_SRC) not in sys.path:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test gets its own cache folder and no inherited flashgen settings."""
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC",
-                "FLASHGEN_MANYLINUX"):
+    for var in INHERITED_SETTINGS:
         monkeypatch.delenv(var, raising=False)
     if NO_JIT:
         monkeypatch.setenv("FLASHGEN_DISABLE_JIT", "1")
@@ -111,8 +113,7 @@ def build_env(nvcc: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     env["FLASHGEN_NVCC"] = str(nvcc)
     env.setdefault("FLASHGEN_SESSION_CACHE", str(tmp_path_factory.mktemp("build-cache")))
     env["FLASHGEN_CACHE_DIR"] = env["FLASHGEN_SESSION_CACHE"]
-    for var in ("FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST", "FLASHGEN_DEVICE_CC",
-                "FLASHGEN_MANYLINUX"):
+    for var in INHERITED_SETTINGS:
         env.pop(var, None)
     return env
 

@@ -74,7 +74,7 @@ if not all(hasattr(flashgen, name) for name in _API):
     pytest.skip("this flashgen has no prefill API yet (single_prefill, batch_prefill, batch_prefill_paged)",
                 allow_module_level=True)
 
-from conftest import FLASH_SIGMOID_PARAMS, NO_JIT, flash_sigmoid_source, needs_jit  # noqa: E402
+from conftest import FLASH_SIGMOID_PARAMS, INHERITED_SETTINGS, NO_JIT, flash_sigmoid_source, needs_jit  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
 torch.backends.cudnn.allow_tf32 = False
@@ -702,8 +702,7 @@ def _warm(_gpu_cache: str, request: pytest.FixtureRequest) -> None:
             keys.update(warm_keys(case))
     if not keys:
         return
-    names = ("FLASHGEN_CACHE_DIR", "FLASHGEN_DISABLE_JIT", "FLASHGEN_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST",
-             "FLASHGEN_DEVICE_CC")
+    names = ("FLASHGEN_CACHE_DIR", *INHERITED_SETTINGS)
     saved = {n: os.environ.pop(n, None) for n in names}  # as conftest leaves them for a test
     os.environ["FLASHGEN_CACHE_DIR"] = _gpu_cache
     if NO_JIT:
