@@ -409,6 +409,11 @@ fn claim(dir: &Path) -> Result<()> {
         if names.is_empty() {
             return fsutil::write_atomic(&dir.join(MARKER), MARKER_TEXT.as_bytes());
         }
+        // A concurrent flashgen may have marked the folder, and filled it, between the check above
+        // and the listing: it writes the marker before anything else, so one is there now.
+        if Cache::is_marked(dir) {
+            return Ok(());
+        }
         if attempt < 49 && names.iter().all(|n| fsutil::is_atomic_temp(n)) {
             std::thread::sleep(std::time::Duration::from_millis(20));
             continue;
