@@ -35,7 +35,7 @@ def parity() -> int:
     manifest = _install.aot_manifest()
     print("wheel manifest: manylinux =", manifest.get("manylinux"), "| host_compiler =",
           manifest["toolchain"]["host_compiler"], "| nvcc", manifest["toolchain"]["nvcc_version"])
-    inst = next(i for i in manifest["instances"]
+    inst = next(i for p in _install.aot_packages() for i in p.rows("single_decode")
                 if i["module"] == "single_decode" and i["params"]["dtype"] == "bf16" and i["params"]["head_dim"] == 128)
     os.environ["FLASHGEN_CUDA_ARCH_LIST"] = "8.0 9.0a"  # the wheel's archs
     os.environ["FLASHGEN_CACHE_DIR"] = "/tmp/fg-parity-cache"

@@ -802,6 +802,7 @@ impl<'m> Builder<'m> {
             archs: self.archs.iter().flat_map(Arch::targets).collect(),
             runs_on: crate::arch::runs_on_all(&self.archs),
             instances: built.iter().map(|b| self.built_row(b, false)).collect(),
+            module_rows: None,
             kernel_packages: Vec::new(),
         }
     }

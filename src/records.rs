@@ -80,7 +80,14 @@ pub struct Manifest {
     pub archs: Vec<String>,
     /// Which compute capabilities the build's targets run on (each row has its own).
     pub runs_on: Vec<RunsOn>,
+    /// The built instances. A wheel's manifest keeps them in one file per module instead
+    /// ([`Layout::manifest_rows`], counted in `module_rows`), so a process reads only the rows of
+    /// the modules it calls: this is then empty.
+    #[serde(default)]
     pub instances: Vec<BuiltRow>,
+    /// In a wheel: each module with built instances, and how many rows its file holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_rows: Option<IndexMap<String, usize>>,
     /// A release's core wheel: the kernel packages of its per-architecture wheels, which the
     /// loader looks for beside the `flashgen` package (empty otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -267,8 +274,13 @@ pub struct Layout {
     pub sources: &'static str,
     pub variants: &'static str,
     pub matrix: &'static str,
+    /// One module's instances (`describe`'s `instances` of that module), `{module}` its name:
+    /// the wheel's matrix leaves them out, so a process parses only the modules it calls.
+    pub instances: &'static str,
     pub aot: &'static str,
     pub manifest: &'static str,
+    /// One module's rows of a package's manifest (`{module}`: its name), relative to the package.
+    pub manifest_rows: &'static str,
 }
 
 pub const LAYOUT: Layout = Layout {
@@ -277,8 +289,10 @@ pub const LAYOUT: Layout = Layout {
     sources: "_src",
     variants: "_src/variants.json",
     matrix: "_data/matrix.json",
+    instances: "_data/instances/{module}.json",
     aot: "_aot",
     manifest: "_aot/manifest.json",
+    manifest_rows: "_aot/rows/{module}.json",
 };
 
 impl Layout {
@@ -287,6 +301,11 @@ impl Layout {
     pub fn package_of_binary(&self, exe: &std::path::Path) -> Option<PathBuf> {
         let depth = std::path::Path::new(self.binary).components().count();
         exe.ancestors().nth(depth).map(std::path::Path::to_path_buf)
+    }
+
+    /// A per-module path of the layout (`instances`, `manifest_rows`) for `module`.
+    pub fn of_module(path: &str, module: &str) -> String {
+        path.replace("{module}", module)
     }
 }
 
@@ -406,7 +425,10 @@ pub struct Describe {
     /// its instances' URIs.
     pub max_uri_bytes: usize,
     pub modules: IndexMap<String, ModuleRow>,
-    pub instances: Vec<InstanceRow>,
+    /// Every instance; absent from the wheel's copy, which keeps them per module
+    /// ([`Layout::instances`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<InstanceRow>>,
 }
 
 /// What `jit` found.

@@ -587,9 +587,11 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
     let expected = [
         "flashgen/__init__.py".to_string(),
         "flashgen/_aot/manifest.json".into(),
+        "flashgen/_aot/rows/toy.json".into(),
         format!("flashgen/_aot/{u1}.so"),
         format!("flashgen/_aot/{u2}.so"),
         "flashgen/_bin/flashgen".into(),
+        "flashgen/_data/instances/toy.json".into(),
         "flashgen/_data/matrix.json".into(),
         "flashgen/_src/csrc/toy.cu".into(),
         "flashgen/_src/include/toy/toy.cuh".into(),
@@ -624,10 +626,7 @@ fn build_wheel_packs_the_aot_subset_reproducibly_with_an_exact_file_list() {
         .output()
         .unwrap();
     assert_success(&pip);
-    let manifest: Value = serde_json::from_str(
-        &std::fs::read_to_string(target.join("flashgen/_aot/manifest.json")).unwrap(),
-    )
-    .unwrap();
+    let manifest = installed_manifest(&target.join("flashgen"));
     assert_eq!(manifest["instances"].as_array().unwrap().len(), 2);
     assert_eq!(
         std::fs::read(target.join(format!("flashgen/_aot/{u1}.so"))).unwrap(),

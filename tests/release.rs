@@ -15,8 +15,7 @@ fn set_release(t: &Tree, release: Value) {
 }
 
 fn manifest_of(wheel: &Path) -> Value {
-    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
-    serde_json::from_str(&zip_text(&mut zip, "flashgen/_aot/manifest.json")).unwrap()
+    wheel_manifest(wheel, "flashgen")
 }
 
 #[test]
@@ -155,11 +154,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
         ),
         (&release[1], "flashgen_kernels_sm90a", vec!["sm_90a"]),
     ] {
-        let m: Value = serde_json::from_str(&wheel_member(
-            wheel,
-            &format!("{package}/_aot/manifest.json"),
-        ))
-        .unwrap();
+        let m = wheel_manifest(wheel, package);
         assert_eq!(
             summary(&m),
             (
@@ -175,8 +170,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     }
     // The core: no kernels; its manifest names the kernel packages, its extras install them.
     let core = &release[2];
-    let m: Value =
-        serde_json::from_str(&wheel_member(core, "flashgen/_aot/manifest.json")).unwrap();
+    let m = wheel_manifest(core, "flashgen");
     assert_eq!(m["instances"], serde_json::json!([]));
     let packages: Vec<&str> = field_strs(&m["kernel_packages"], "package");
     assert_eq!(

@@ -60,7 +60,7 @@ def list_variants(module: str | None = None, **where: Any) -> list[dict[str, Any
     never disagree."""
     from . import _install, _matrix
 
-    shipped = _install.shipped_uris()
+    shipped = _install.shipped_uris(module)
     mx = _matrix.matrix()
     if module is None and not where:
         chosen = mx.instances
@@ -96,7 +96,7 @@ def is_precompiled(module: str, **params: Any) -> bool:
         mx.check_partial(module, params, (axis,))
         params = mx.with_backend(module, params, _loader.device_capability())
     inst = mx.find(module, params)
-    return inst.uri in _install.shipped_uris()
+    return inst.uri in _install.shipped_uris(module)
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,9 @@ precompiled kernels.
 Two layouts are supported. An installed wheel ships everything inside the package, where the
 binary's ``LAYOUT`` (``src/records.rs``) puts it: ``_data/matrix.json`` (the one path written here
 too: it holds the others, as ``describe``'s ``wheel.layout``), ``_bin/flashgen``, ``_src/``,
-``_aot/manifest.json``. A source checkout
+``_aot/manifest.json``. The matrix's instances and the manifests' rows are kept in a file per
+module (``_data/instances/<module>.json``, ``_aot/rows/<module>.json``): a process parses only the
+modules it calls, however large the release. A source checkout
 (``python/`` on ``sys.path``) has none of those: the binary comes from ``FLASHGEN_BIN``, ``PATH`` or
 ``target/{release,debug}``, the sources from the repository root, and the matrix from asking the
 binary once (``flashgen describe --json``), so no matrix logic is ever repeated in Python.
@@ -30,6 +32,7 @@ __all__ = [
     "binary",
     "variants_json",
     "matrix_json",
+    "module_instances",
     "aot_manifest",
     "aot_file",
     "aot_packages",
@@ -145,6 +148,36 @@ def matrix_json() -> dict[str, Any]:
     return _matrix_cache
 
 
+_instances_cache: dict[str, list[dict[str, Any]]] = {}
+
+
+def module_instances(module: str) -> list[dict[str, Any]]:
+    """``describe``'s instances of ``module``: the wheel's file of that module (its matrix leaves
+    them out), else those of the checkout's ``describe`` output."""
+    rows = _instances_cache.get(module)
+    if rows is None:
+        data = matrix_json()
+        if "instances" in data:
+            rows = [r for r in data["instances"] if r.get("module") == module]
+        else:
+            path = PACKAGE_DIR / _of_module(layout("instances"), module)
+            try:
+                rows = json.loads(path.read_text()) if module in data["modules"] else []
+            except (OSError, ValueError) as exc:
+                raise FlashgenError(
+                    f"cannot read {path}, the instances of {module} ({exc}); the installation is "
+                    "corrupted.\n\nReinstall the flashgen wheel."
+                ) from None
+        _instances_cache[module] = rows
+    return rows
+
+
+def _of_module(template: str, module: str) -> str:
+    """A per-module path of the layout (``instances``, ``manifest_rows``) for ``module``
+    (``Layout::of_module``)."""
+    return template.replace("{module}", module)
+
+
 def _describe() -> dict[str, Any]:
     import subprocess
 
@@ -201,12 +234,45 @@ class AotPackage:
     """One package of precompiled kernels: flashgen's own ``_aot/``, or a release's kernel
     package (``flashgen_kernels_sm90a``, from its per-architecture wheel) beside it."""
 
-    __slots__ = ("name", "dir", "manifest")
+    __slots__ = ("name", "dir", "manifest", "_rows")
 
     def __init__(self, name: str, folder: Path, manifest: dict[str, Any]) -> None:
         self.name = name
         self.dir = folder
         self.manifest = manifest
+        self._rows: dict[str, list[dict[str, Any]]] = {}
+
+    def rows(self, module: str) -> list[dict[str, Any]]:
+        """The manifest's rows of ``module``: the wheel keeps them in a file per module (its
+        header's ``module_rows`` names the modules and counts them), a build folder's manifest
+        in ``instances``. Read on first use."""
+        rows = self._rows.get(module)
+        if rows is None:
+            counts = self.manifest.get("module_rows")
+            rows = [r for r in self.manifest.get("instances", ())
+                    if isinstance(r, dict) and r.get("module") == module]
+            if isinstance(counts, dict) and module in counts:
+                rows += self._read_rows(module, counts[module])
+            self._rows[module] = rows
+        return rows
+
+    def _read_rows(self, module: str, count: Any) -> list[dict[str, Any]]:
+        package_dir = self.dir
+        for _ in Path(layout("aot")).parts:
+            package_dir = package_dir.parent
+        path = package_dir / _of_module(layout("manifest_rows"), module)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            data = exc
+        if not isinstance(data, list) or len(data) != count:
+            why = data if isinstance(data, Exception) else f"it does not hold {count} rows"
+            raise FlashgenError(
+                f"cannot read {path}, the precompiled kernels of {module} that "
+                f"{self.dir / 'manifest.json'} names ({why}); the installation is corrupted."
+                "\n\nReinstall the flashgen wheel."
+            )
+        return [r for r in data if isinstance(r, dict) and r.get("module") == module]
 
     def file(self, name: Any) -> Path:
         """The file a row of this manifest names: a plain ``.so`` file name inside ``_aot/``,
@@ -262,31 +328,21 @@ def aot_packages() -> list[AotPackage]:
     return _packages_cache
 
 
-_rows_cache: dict[str, list[tuple[AotPackage, dict[str, Any]]]] | None = None
+def aot_rows(module: str, uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
+    """Every manifest row of ``uri`` (an instance of ``module``) in this installation's
+    packages, with its package."""
+    return [(package, rec) for package in aot_packages() for rec in package.rows(module)
+            if rec.get("uri") == uri]
 
 
-def _rows_index() -> dict[str, list[tuple[AotPackage, dict[str, Any]]]]:
-    """Every manifest row of this installation's packages by URI, with its package (made on
-    first use: a release's manifests hold thousands of rows)."""
-    global _rows_cache
-    if _rows_cache is None:
-        index: dict[str, list[tuple[AotPackage, dict[str, Any]]]] = {}
-        for package in aot_packages():
-            for rec in package.manifest.get("instances", ()):
-                if isinstance(rec, dict):
-                    index.setdefault(str(rec.get("uri")), []).append((package, rec))
-        _rows_cache = index
-    return _rows_cache
+def shipped_uris(module: str | None = None) -> set[str]:
+    """The URIs this installation has precompiled code of, in any of its packages (of
+    ``module`` only, if given: the other modules' rows are not read)."""
+    from ._matrix import matrix
 
-
-def aot_rows(uri: str) -> list[tuple[AotPackage, dict[str, Any]]]:
-    """Every manifest row of ``uri`` in this installation's packages, with its package."""
-    return _rows_index().get(uri, [])
-
-
-def shipped_uris() -> set[str]:
-    """The URIs this installation has precompiled code of, in any of its packages."""
-    return set(_rows_index())
+    modules = [module] if module is not None else list(matrix().modules)
+    return {str(rec.get("uri")) for package in aot_packages() for m in modules
+            for rec in package.rows(m)}
 
 
 def aot_dir() -> Path:
@@ -301,9 +357,9 @@ def aot_file(name: Any) -> Path:
 
 def _reset_for_tests() -> None:
     """Forget memoized lookups (tests change the environment between cases)."""
-    global _matrix_cache, _manifest_cache, _packages_cache, _rows_cache
+    global _matrix_cache, _manifest_cache, _packages_cache
     _matrix_cache = None
     _manifest_cache = None
     _packages_cache = None
-    _rows_cache = None
+    _instances_cache.clear()
     binary.cache_clear()

@@ -191,7 +191,7 @@ def _aot_lookup(inst: Instance, cc: tuple[int, int]) -> Loaded | None:
     architecture before PTX the driver would have to compile."""
     # Each row holds the targets its instance was built for (an arch limit narrows them).
     found = [(not _runs_on(_cubins(rec.get("runs_on")), cc), package, rec)
-             for package, rec in _install.aot_rows(inst.uri) if _runs_on(rec.get("runs_on"), cc)]
+             for package, rec in _install.aot_rows(inst.module, inst.uri) if _runs_on(rec.get("runs_on"), cc)]
     if not found:
         return None
     _, package, rec = min(found, key=lambda f: f[0])
@@ -222,8 +222,8 @@ def _missing_kernel_wheel(cc: tuple[int, int]) -> str | None:
     return None
 
 
-def _precompiled_rows(uri: str) -> list[dict[str, Any]]:
-    return [rec for _, rec in _install.aot_rows(uri)]
+def _precompiled_rows(inst: Instance) -> list[dict[str, Any]]:
+    return [rec for _, rec in _install.aot_rows(inst.module, inst.uri)]
 
 
 def _jit(module: str, params: Mapping[str, Any], variant: Variant | None, cc: tuple[int, int],
@@ -311,7 +311,7 @@ def _not_precompiled(inst: Instance, cc: tuple[int, int]) -> tuple[str, str | No
     extra = _missing_kernel_wheel(cc)
     if extra is not None:
         return f"the kernel wheel for this GPU is not installed (pip install 'flashgen[{extra}]')", extra
-    archs = sorted({a for r in _precompiled_rows(inst.uri) for a in r.get("archs", [])})
+    archs = sorted({a for r in _precompiled_rows(inst) for a in r.get("archs", [])})
     if not archs:
         return "it is not precompiled in this installation", None
     return f"the installation's precompiled code does not run on this GPU (it holds {', '.join(archs)})", None

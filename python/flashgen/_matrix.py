@@ -146,19 +146,27 @@ class Matrix:
                 None if table is None else Backends.read(table),
             )
         # Instances are made, and indexed per module, when first asked for: the matrix holds
-        # hundreds of them and a process usually calls a few modules (import to first kernel).
-        self._raw: list[Mapping[str, Any]] = list(data.get("instances", ()))
-        self._raw_by_module: dict[str, list[Mapping[str, Any]]] = {}
-        for raw in self._raw:
-            self._raw_by_module.setdefault(raw["module"], []).append(raw)
+        # hundreds of them and a process usually calls a few modules (import to first kernel). An
+        # installed wheel's matrix leaves them out: they are read per module (``_install``).
+        raw_all = data.get("instances")
+        self._raw_by_module: dict[str, list[Mapping[str, Any]]] | None = None
+        if raw_all is not None:
+            self._raw_by_module = {}
+            for raw in raw_all:
+                self._raw_by_module.setdefault(raw["module"], []).append(raw)
         self._indexes: dict[str, dict[tuple[Any, ...], Instance]] = {}
         self._instances: list[Instance] | None = None
 
+    def _raw(self, module: str) -> Sequence[Mapping[str, Any]]:
+        if self._raw_by_module is not None:
+            return self._raw_by_module.get(module, [])
+        return _install.module_instances(module)
+
     @property
     def instances(self) -> list[Instance]:
-        """Every instance, in ``describe``'s order."""
+        """Every instance, in ``describe``'s order (module by module)."""
         if self._instances is None:
-            self._instances = [_instance(raw) for raw in self._raw]
+            self._instances = [_instance(raw) for m in self.modules for raw in self._raw(m)]
         return self._instances
 
     def _index(self, module: str) -> dict[tuple[Any, ...], Instance]:
@@ -166,7 +174,7 @@ class Matrix:
         if index is None:
             axes = self.modules[module].axes
             index = {}
-            for raw in self._raw_by_module.get(module, ()):
+            for raw in self._raw(module):
                 inst = _instance(raw)
                 index[tuple(_norm(inst.params.get(a.name)) for a in axes)] = inst
             self._indexes[module] = index

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use indexmap::IndexMap;
 use sha2::{Digest, Sha256};
 
 use crate::arch::{self, Arch};
@@ -16,7 +17,9 @@ use crate::cuda_packages;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
 use crate::matrix::Matrix;
-use crate::records::{KernelPackage, Manifest, ALL_KERNELS_EXTRA, LAYOUT, REQUIRES_PYTHON};
+use crate::records::{
+    BuiltRow, KernelPackage, Layout, Manifest, ALL_KERNELS_EXTRA, LAYOUT, REQUIRES_PYTHON,
+};
 use crate::ui::Ui;
 use crate::wheel::{self, WheelBuilder, WheelMetadata, WheelTag};
 
@@ -208,6 +211,7 @@ fn empty_manifest(target: Option<crate::manylinux::Glibc>) -> Manifest {
         archs: Vec::new(),
         runs_on: Vec::new(),
         instances: Vec::new(),
+        module_rows: None,
         kernel_packages: Vec::new(),
     }
 }
@@ -263,12 +267,23 @@ fn core_wheel(
     for f in python.into_iter().chain(sources) {
         w.add_bytes(&f.archive, f.bytes, f.executable)?;
     }
-    let describe = super::describe::describe(matrix);
+    // The matrix without its instances, and each module's instances in a file of their own: the
+    // loader parses only the modules a process calls (a release lists 1,200 instances).
+    let mut describe = super::describe::describe(matrix);
+    let instances = describe.instances.take().unwrap_or_default();
     w.add_bytes(
         &format!("{PACKAGE}/{}", LAYOUT.matrix),
         serde_json::to_vec_pretty(&describe)?,
         false,
     )?;
+    for module in describe.modules.keys() {
+        let rows: Vec<_> = instances.iter().filter(|i| &i.module == module).collect();
+        w.add_bytes(
+            &format!("{PACKAGE}/{}", Layout::of_module(LAYOUT.instances, module)),
+            serde_json::to_vec(&rows)?,
+            false,
+        )?;
+    }
     w.add_bytes(
         &format!("{PACKAGE}/{}", LAYOUT.variants),
         matrix.config_text.clone().into_bytes(),
@@ -536,11 +551,37 @@ fn add_kernels(w: &mut WheelBuilder, package: &str, report: &BuildReport) -> Res
     Ok(())
 }
 
-/// `<package>/_aot/manifest.json`, serialized from the in-memory result, never read back.
+/// `<package>/_aot/manifest.json` and its rows, one file per module
+/// ([`Layout::manifest_rows`]: a process reads only the modules it calls), serialized from the
+/// in-memory result, never read back.
 fn add_manifest(w: &mut WheelBuilder, package: &str, manifest: &Manifest) -> Result<()> {
+    let mut by_module: IndexMap<&str, Vec<&BuiltRow>> = IndexMap::new();
+    for row in &manifest.instances {
+        by_module.entry(&row.instance.module).or_default().push(row);
+    }
+    for (module, rows) in &by_module {
+        w.add_bytes(
+            &format!(
+                "{package}/{}",
+                Layout::of_module(LAYOUT.manifest_rows, module)
+            ),
+            serde_json::to_vec(rows)?,
+            false,
+        )?;
+    }
+    let header = Manifest {
+        instances: Vec::new(),
+        module_rows: Some(
+            by_module
+                .iter()
+                .map(|(m, r)| (m.to_string(), r.len()))
+                .collect(),
+        ),
+        ..manifest.clone()
+    };
     w.add_bytes(
         &format!("{package}/{}", LAYOUT.manifest),
-        serde_json::to_string_pretty(manifest)?.into_bytes(),
+        serde_json::to_string_pretty(&header)?.into_bytes(),
         false,
     )
 }

@@ -74,11 +74,13 @@ pub fn describe(matrix: &Matrix) -> Describe {
                 (m.name.clone(), row)
             })
             .collect(),
-        instances: matrix
-            .instances
-            .iter()
-            .map(|i| matrix.instance_row(i))
-            .collect(),
+        instances: Some(
+            matrix
+                .instances
+                .iter()
+                .map(|i| matrix.instance_row(i))
+                .collect(),
+        ),
     }
 }
 

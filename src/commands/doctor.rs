@@ -188,7 +188,13 @@ fn installed_wheel(exe: &Path) -> Option<serde_json::Value> {
         serde_json::from_slice(&std::fs::read(dir.join(layout.manifest)).ok()?).ok()
     };
     let manifest = read(&package)?;
-    let count = |m: &serde_json::Value| m["instances"].as_array().map_or(0, Vec::len);
+    // A wheel's manifest counts its rows per module (they live in a file per module).
+    let count = |m: &serde_json::Value| {
+        m["instances"].as_array().map_or(0, Vec::len)
+            + m["module_rows"].as_object().map_or(0, |r| {
+                r.values().filter_map(|n| n.as_u64()).sum::<u64>() as usize
+            })
+    };
     let mut precompiled = count(&manifest);
     let mut archs: Vec<serde_json::Value> =
         manifest["archs"].as_array().cloned().unwrap_or_default();

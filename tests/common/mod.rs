@@ -282,6 +282,35 @@ pub fn zip_text(zip: &mut zip::ZipArchive<std::fs::File>, name: &str) -> String 
     s
 }
 
+/// The manifest of `package` (`flashgen`, `flashgen_kernels_sm90a`) as one document, read
+/// through `read` (a path inside the package -> its text): the header with the rows the wheel
+/// keeps in a file per module (`module_rows`, `_aot/rows/<module>.json`) put back into
+/// `instances`, each file checked against its count.
+pub fn whole_manifest(read: &mut dyn FnMut(&str) -> String) -> Value {
+    let mut m: Value = serde_json::from_str(&read("_aot/manifest.json")).unwrap();
+    let counts = m["module_rows"].as_object().cloned().unwrap_or_default();
+    let mut rows = m["instances"].as_array().cloned().unwrap_or_default();
+    for (module, count) in &counts {
+        let shard: Vec<Value> =
+            serde_json::from_str(&read(&format!("_aot/rows/{module}.json"))).unwrap();
+        assert_eq!(Some(shard.len() as u64), count.as_u64(), "{module}'s rows");
+        rows.extend(shard);
+    }
+    m["instances"] = Value::Array(rows);
+    m
+}
+
+/// [`whole_manifest`] of `package` inside the wheel file `wheel`.
+pub fn wheel_manifest(wheel: &Path, package: &str) -> Value {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();
+    whole_manifest(&mut |rel| zip_text(&mut zip, &format!("{package}/{rel}")))
+}
+
+/// [`whole_manifest`] of the installed package folder `dir`.
+pub fn installed_manifest(dir: &Path) -> Value {
+    whole_manifest(&mut |rel| std::fs::read_to_string(dir.join(rel)).unwrap())
+}
+
 /// The file of a wheel whose name ends with `suffix`, as text.
 pub fn wheel_member(wheel: &Path, suffix: &str) -> String {
     let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel).unwrap()).unwrap();

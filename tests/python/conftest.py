@@ -151,7 +151,30 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def wheel_manifest(installed: Path) -> dict[str, Any]:
-    return json.loads((installed / "flashgen" / "_aot" / "manifest.json").read_text())
+    return whole_manifest(lambda rel: (installed / "flashgen" / rel).read_text())
+
+
+def whole_manifest(read: Callable[[str], str | bytes]) -> dict[str, Any]:
+    """A wheel's package manifest as one document, read through ``read`` (a path inside the
+    package -> its text): the header with the rows the wheel keeps in a file per module
+    (``module_rows``, ``_aot/rows/<module>.json``) put back into ``instances``."""
+    manifest: dict[str, Any] = json.loads(read("_aot/manifest.json"))
+    rows = list(manifest.get("instances", []))
+    for module, count in (manifest.get("module_rows") or {}).items():
+        shard = json.loads(read(f"_aot/rows/{module}.json"))
+        assert len(shard) == count, f"{module}: {len(shard)} rows, the header says {count}"
+        rows += shard
+    manifest["instances"] = rows
+    return manifest
+
+
+def whole_matrix(read: Callable[[str], str | bytes]) -> dict[str, Any]:
+    """A wheel's ``_data/matrix.json`` with each module's instances (kept in a file per module,
+    ``_data/instances/<module>.json``) put back into ``instances``."""
+    matrix: dict[str, Any] = json.loads(read("_data/matrix.json"))
+    matrix["instances"] = [row for module in matrix["modules"]
+                           for row in json.loads(read(f"_data/instances/{module}.json"))]
+    return matrix
 
 
 RunPy = Callable[..., "subprocess.CompletedProcess[str]"]

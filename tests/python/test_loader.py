@@ -27,7 +27,7 @@ import flashgen
 from flashgen import _common, _kernels, _tensor, _variant
 from flashgen._errors import NoGPUError
 
-from conftest import FakeCudaTensor, RunPy
+from conftest import FakeCudaTensor, RunPy, whole_matrix
 
 # ---- what the loader reads: the manifest's runs_on rows, FLASHGEN_DEVICE_CC, manifest paths ------
 
@@ -381,7 +381,7 @@ def _aot_instance(manifest: dict[str, Any]) -> dict[str, Any]:
 def _missing_instance(installed: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """A single_decode instance the wheel does not precompile (f16, head_dim 64 if possible)."""
     shipped = {i["uri"] for i in manifest["instances"]}
-    matrix = json.loads((installed / "flashgen" / "_data" / "matrix.json").read_text())
+    matrix = whole_matrix(lambda rel: (installed / "flashgen" / rel).read_text())
     candidates = [i for i in matrix["instances"] if i["module"] == "single_decode" and i["uri"] not in shipped]
     if not candidates:
         pytest.skip("the wheel under test precompiles every single_decode instance")
@@ -448,10 +448,10 @@ def test_manifest_path_leading_out_of_the_package_is_refused(run_py: RunPy, inst
     inst = _aot_instance(wheel_manifest)
     evil = tmp_path / "evil.so"
     shutil.copy(copy / "flashgen" / "_aot" / inst["path"], evil)
-    manifest = copy / "flashgen" / "_aot" / "manifest.json"
-    data = json.loads(manifest.read_text())
-    next(i for i in data["instances"] if i["uri"] == inst["uri"])["path"] = os.path.relpath(evil, manifest.parent)
-    manifest.write_text(json.dumps(data))
+    rows = copy / "flashgen" / "_aot" / "rows" / f"{inst['module']}.json"
+    data = json.loads(rows.read_text())
+    next(i for i in data if i["uri"] == inst["uri"])["path"] = os.path.relpath(evil, rows.parent.parent)
+    rows.write_text(json.dumps(data))
     proc = run_py(_load_snippet(inst["module"], inst["params"]), check=False, PYTHONPATH=str(copy), **DEVICE)
     assert proc.returncode != 0 and "not a plain .so file name" in proc.stderr
 
@@ -963,7 +963,7 @@ def test_args_structs_mirror_the_generated_c(flashgen_bin: Path, tmp_path: Path)
     body = ["int main(void) {"]
     expected = []
     for module in modules:
-        inst = next(i for i in _install.matrix_json()["instances"] if i["module"] == module)
+        inst = _install.module_instances(module)[0]
         where = [a for k, v in inst["params"].items() for a in ("--where", f"{k}={v}")]
         subprocess.run([str(flashgen_bin), "--config", str(REPO / "variants.json"), "generate", "--out",
                         str(tmp_path / "gen"), "--module", module, *where], check=True, capture_output=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, SMALL_WHEEL_ARGS
+from conftest import REPO, SMALL_WHEEL_ARGS, whole_manifest
 
 DEVICE = {"FLASHGEN_DEVICE_CC": "9.0"}
 
@@ -97,7 +97,7 @@ def test_a_zig_wheel_records_its_target_and_requires_ziglang(zig_wheel: Path) ->
 
 def test_the_jit_of_a_zig_wheel_builds_with_its_compiler_and_gives_its_bytes(
         zig_installed: Path, flashgen_bin: Path, build_env: dict[str, str], tmp_path: Path) -> None:
-    manifest = json.loads((zig_installed / "flashgen" / "_aot" / "manifest.json").read_text())
+    manifest = whole_manifest(lambda rel: (zig_installed / "flashgen" / rel).read_text())
     (inst,) = manifest["instances"]
     got = _load(zig_installed, flashgen_bin, build_env, inst, tmp_path / "cache")
     assert got["source"] == "jit"
@@ -111,7 +111,7 @@ def test_the_jit_of_a_zig_wheel_builds_with_its_compiler_and_gives_its_bytes(
 
 def test_the_jit_of_a_zig_wheel_names_a_missing_zig(
         zig_installed: Path, flashgen_bin: Path, build_env: dict[str, str], tmp_path: Path) -> None:
-    manifest = json.loads((zig_installed / "flashgen" / "_aot" / "manifest.json").read_text())
+    manifest = whole_manifest(lambda rel: (zig_installed / "flashgen" / rel).read_text())
     (inst,) = manifest["instances"]
     missing = tmp_path / "no" / "zig"
     got = _load(zig_installed, flashgen_bin, build_env, inst, tmp_path / "cache", FLASHGEN_ZIG=str(missing))

@@ -78,9 +78,18 @@ def test_the_wheel_is_laid_out_as_the_binary_says(described: dict[str, Any], whe
         names = zf.namelist()
         (dist_info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
         meta = email.parser.Parser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
+    with zipfile.ZipFile(wheel) as zf:
+        header = json.loads(zf.read(f"{layout['package']}/{layout['manifest']}"))
+    # A per-module path is there for every module that has one: each module's instances, and the
+    # rows of each module the wheel precompiles.
+    per_module = {"instances": list(described["modules"]), "manifest_rows": list(header["module_rows"])}
+    assert set(per_module) == {k for k, p in layout.items() if "{module}" in p}
+    assert per_module["manifest_rows"], "the wheel under test precompiles some instances"
     for key, path in layout.items():
-        if key != "package":
-            full = f"{layout['package']}/{path}"
+        if key == "package":
+            continue
+        for module in per_module.get(key, [""]):
+            full = f"{layout['package']}/{path.replace('{module}', module)}"
             assert any(n == full or n.startswith(full + "/") for n in names), f"{key}: {full}"
     metadata = described["wheel"]["metadata"]
     for field, key in (("Name", "name"), ("Version", "version"), ("Summary", "summary"),

@@ -17,11 +17,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, whole_manifest
 
 ONE = ["--module", "single_decode", "--where", "dtype=bf16", "--where", "head_dim=128",
        "--where", "pos_encoding=none", "--where", "variant=default"]
@@ -70,7 +69,7 @@ def test_one_kernel_wheel_per_release_target_and_the_core(release_wheels: list[P
                      "flashgen_kernels_sm120", "flashgen"], names
     archs: dict[str, dict[str, list[str]]] = {}
     for package in names[:-1]:
-        manifest: dict[str, Any] = json.loads((release_site / package / "_aot" / "manifest.json").read_text())
+        manifest = whole_manifest(lambda rel: (release_site / package / rel).read_text())
         archs[package] = {r["params"]["backend"]: r["archs"] for r in manifest["instances"]}
     assert archs == {
         "flashgen_kernels_sm80": {"portable": ["sm_80", "compute_80"]},

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from conftest import FAKE_TENSOR_SRC, REPO, SMALL_WHEEL_ARGS
+from conftest import FAKE_TENSOR_SRC, REPO, SMALL_WHEEL_ARGS, whole_manifest, whole_matrix
 
 TOOLS = ("auditwheel", "check-wheel-contents")
 
@@ -193,8 +193,8 @@ def test_layout_for_the_loader(zf: zipfile.ZipFile, dist_info: str) -> None:
 
 
 def test_manifest_agrees_with_matrix_and_files(zf: zipfile.ZipFile) -> None:
-    manifest = json.loads(zf.read("flashgen/_aot/manifest.json"))
-    matrix = json.loads(zf.read("flashgen/_data/matrix.json"))
+    manifest = whole_manifest(lambda rel: zf.read(f"flashgen/{rel}"))
+    matrix = whole_matrix(lambda rel: zf.read(f"flashgen/{rel}"))
     assert manifest["flashgen_version"] == matrix["flashgen_version"]
     assert manifest["archs"] and manifest["instances"]
     by_uri = {i["uri"]: i for i in matrix["instances"]}
@@ -319,7 +319,7 @@ def test_every_precompiled_binary_holds_its_instance_and_guards_its_abi(fresh_ve
     code = (
         "import json, os\n"
         "os.environ['FLASHGEN_DISABLE_JIT'] = '1'\n"
-        "from flashgen import _install, _loader\n"
+        "from flashgen import _install, _loader, _matrix\n"
         "from flashgen import FlashgenError\nfrom flashgen._kernels import args_struct\n"
         "def text(params):\n"
         "    fmt = lambda v: ('true' if v else 'false') if isinstance(v, bool) else str(v)\n"
@@ -331,7 +331,7 @@ def test_every_precompiled_binary_holds_its_instance_and_guards_its_abi(fresh_ve
         "        return [exc.status, exc.message]\n"
         "    return [0, '']\n"
         "rows = []\n"
-        "for rec in _install.aot_manifest()['instances']:\n"
+        "for rec in [r for m in _matrix.matrix().modules for p in _install.aot_packages() for r in p.rows(m)]:\n"
         "    for target in rec['runs_on']:\n"
         "        m = rec['module']\n"
         "        os.environ['FLASHGEN_DEVICE_CC'] = '%d.%d' % tuple(target['min'])\n"
