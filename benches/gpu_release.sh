@@ -10,7 +10,8 @@
 # SECONDS: the call's own limit; the suites get what the build leaves (default 590).
 # SAVE=1 also leaves the wheels in $OUT/wheels, cut into 15 MiB parts (a device call returns no
 # larger file); WHEELS=DIR skips the build and tests the wheels in DIR (parts are joined first),
-# for a later call. SUITES: which of "first api prefill decode docs" to run (default: all).
+# for a later call. SUITES: which of "first cached api prefill decode docs" to run (default: all;
+# cached installs the core wheel alone and times an instance the JIT compiled in an earlier process).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/flashgen-release}
@@ -67,11 +68,21 @@ suite() {  # name, then pytest arguments; each suite gets what is left, less a m
   echo "pytest ($name) rc=$rc in $(( $(date +%s) - t0 )) s"
   grep -E "^(FAILED|ERROR)|passed|failed|^SKIPPED" "$OUT/pytest_$name.log" | cut -c1-220 | tail -12
 }
-SUITES=${SUITES:-first api prefill decode docs}
+SUITES=${SUITES:-first cached api prefill decode docs}
 want() { [[ " $SUITES " == *" $1 "* ]]; }
 if want first; then
   python3 benches/first_call.py precompiled > "$OUT/first_call.log" 2>&1
   echo "first_call.py precompiled rc=$?"; tail -8 "$OUT/first_call.log"
+fi
+if want cached; then
+  # The core wheel alone, the JIT on: the first call of an instance an earlier process compiled.
+  CORE=/tmp/flashgen-core-site
+  rm -rf "$CORE" /tmp/flashgen-core-cache
+  python3 -m pip install -q --no-index --no-deps --target "$CORE" "$REL"/dist/flashgen-[0-9]*.whl || exit 1
+  env -u FLASHGEN_DISABLE_JIT -u FLASHGEN_TEST_DISABLE_JIT PYTHONPATH="$CORE" \
+    FLASHGEN_CACHE_DIR=/tmp/flashgen-core-cache python3 benches/first_call.py compile cached \
+    > "$OUT/first_call_cached.log" 2>&1
+  echo "first_call.py compile cached (core wheel alone) rc=$?"; tail -4 "$OUT/first_call_cached.log"
 fi
 want api && suite api tests/python/test_api_gpu.py
 want prefill && suite prefill tests/python/test_prefill_gpu.py
