@@ -26,9 +26,15 @@ def main(paths: list[str]) -> None:
         names = z.namelist()
         if "flashgen/_data/matrix.json" in names:
             matrix = json.loads(z.read("flashgen/_data/matrix.json"))
+            # The wheel keeps each module's instances in a file of their own.
+            matrix.setdefault("instances", [row for m in matrix["modules"]
+                                            for row in json.loads(z.read(f"flashgen/_data/instances/{m}.json"))])
         manifest_name = next(n for n in names if n.endswith("/_aot/manifest.json"))
         manifest = json.loads(z.read(manifest_name))
+        package = manifest_name.split("/")[0]
         rows = {r["uri"]: r for r in manifest["instances"]}
+        for m in manifest.get("module_rows") or {}:  # and each module's manifest rows
+            rows.update((r["uri"], r) for r in json.loads(z.read(f"{package}/_aot/rows/{m}.json")))
         print(f"{os.path.basename(path)}: {os.path.getsize(path) / 2**20:.2f} MiB, "
               f"{len(rows)} instances, targets {', '.join(t['target'] for t in manifest['runs_on']) or '-'}")
         for info in z.infolist():
