@@ -1,8 +1,9 @@
 /**
  * What every standalone kernel harness starts with (prefill_harness_common.cuh for the prefill
- * harnesses, hopper_prefill_harness.cu, hopper_decode_harness.cu): the instance macro holding
- * the union of the tested variants' parameters, the built-in variants, the CUDA check macro and
- * the input generator (Rng). Each harness includes its kernels' headers after this one.
+ * harnesses, hopper_decode_harness.cu): the instance macro holding the union of the tested
+ * variants' parameters, the built-in variants, the CUDA check macro, the common options and the
+ * device line, and the input generator (Rng). Each harness includes its kernels' headers after
+ * this one.
  */
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 // The instance macros the harnesses need: the union of the tested variants' parameters.
 #define ADDITIONAL_PARAMS_DECL \
@@ -40,6 +42,26 @@ using bf16 = __nv_bfloat16;
       std::exit(1);                                                                        \
     }                                                                                      \
   } while (0)
+
+/** The options every harness takes: --no-tests, --no-bench, --reps N (where reps is given) and
+ *  one flag of the harness's own (flag: set to true when given); other words are ignored. */
+inline void parse_args(int argc, char** argv, bool& tests, bool& benches, int* reps = nullptr,
+                       const char* flag = nullptr, bool* flag_set = nullptr) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-bench")) benches = false;
+    if (!std::strcmp(argv[i], "--no-tests")) tests = false;
+    if (reps && !std::strcmp(argv[i], "--reps") && i + 1 < argc) *reps = std::atoi(argv[++i]);
+    if (flag && !std::strcmp(argv[i], flag)) *flag_set = true;
+  }
+}
+
+/** The line every harness starts its output with: device 0's name, SMs and compute capability. */
+inline void print_device() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major,
+              prop.minor);
+}
 
 /** The harnesses' deterministic inputs (splitmix64). */
 struct Rng {

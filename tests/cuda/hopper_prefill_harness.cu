@@ -19,258 +19,9 @@
  * Each case runs the Hopper and the portable kernel on the same buffers, alternating.
  * Exit status 1 on any failed check or CUDA error.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "hopper_harness_common.cuh"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-#include "harness_base.cuh"
-#include "flashgen/prefill/launch.cuh"
-#include "flashgen/hopper/launch.cuh"
-
-static int g_failures = 0;
 static int g_reps = 25;
-
-
-
-template <typename T>
-T to_t(float x);
-template <>
-bf16 to_t<bf16>(float x) { return __float2bfloat16(x); }
-template <>
-half to_t<half>(float x) { return __float2half(x); }
-static float to_fl(bf16 x) { return __bfloat162float(x); }
-static float to_fl(half x) { return __half2float(x); }
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  DevBuf() = default;
-  explicit DevBuf(size_t count) { alloc(count); }
-  void alloc(size_t count) {
-    n = count;
-    CK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
-  }
-  void up(const std::vector<T>& h) {
-    if (!h.empty()) CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    if (n) CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
-// ---------------------------------------------------------------- reference (fp32, naive)
-__device__ double ref_freq(int i, int D, double theta, double scale) {
-  return 1.0 / (pow(theta, 2.0 * i / D) * scale);
-}
-
-/** Logical k [rows][Hkv][D] -> fp32, rotated when rope (position = row - kv_indptr[b] +
- *  kv_off[b] for the row's request b). */
-template <int D, typename T>
-__global__ void ref_rope_k(const T* k, const int* req_of_row, const int* kv_indptr,
-                           const int* kv_off, int rows, int Hkv, int rope, float theta,
-                           float scale, float* out) {
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= rows * Hkv) return;
-  const int row = idx / Hkv;
-  const T* src = k + int64_t(idx) * D;
-  float* dst = out + int64_t(idx) * D;
-  if (!rope) {
-    for (int d = 0; d < D; ++d) dst[d] = float(src[d]);
-    return;
-  }
-  const int b = req_of_row[row];
-  const double pos = double(row - kv_indptr[b] + kv_off[b]);
-  for (int i = 0; i < D / 2; ++i) {
-    const double a = pos * ref_freq(i, D, theta, scale);
-    const double c = cos(a), s = sin(a);
-    const double x = float(src[i]), y = float(src[i + D / 2]);
-    dst[i] = float(x * c - y * s);
-    dst[i + D / 2] = float(y * c + x * s);
-  }
-}
-
-struct RefArgs {
-  const void* q;         // [total_q][Hq][D]
-  const float* k_rot;    // [total_kv][Hkv][D]
-  const void* v;         // [total_kv][Hkv][D]
-  const int* qo_indptr;  // [B+1]
-  const int* kv_indptr;  // [B+1]
-  const int* req_of_token;
-  const int* q_off;      // [B]
-  int Hq, Hkv, total_q, causal, rope;
-  float rope_theta, rope_scale;
-  float* o;
-  float* lse;
-};
-
-template <int D, typename T, typename Variant, typename Params>
-__global__ void ref_attention(const Params params, RefArgs a) {
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= a.total_q * a.Hq) return;
-  const int t = idx / a.Hq, hq = idx % a.Hq;
-  const int hk = hq / (a.Hq / a.Hkv);
-  const int b = a.req_of_token[t];
-  const int i = t - a.qo_indptr[b];
-  const int qo_len = a.qo_indptr[b + 1] - a.qo_indptr[b];
-  const int kv_len = a.kv_indptr[b + 1] - a.kv_indptr[b];
-  __shared__ uint8_t vsmem[256];
-  Variant var(params, uint32_t(b), vsmem);
-  float qf[D];
-  const T* q = static_cast<const T*>(a.q) + int64_t(idx) * D;
-  for (int d = 0; d < D; ++d) qf[d] = float(q[d]);
-  if (a.rope) {
-    const double pos = double(kv_len - qo_len + i + a.q_off[b]);
-    for (int p = 0; p < D / 2; ++p) {
-      const double ang = pos * ref_freq(p, D, a.rope_theta, a.rope_scale);
-      const double c = cos(ang), s = sin(ang);
-      const double x = qf[p], y = qf[p + D / 2];
-      qf[p] = float(x * c - y * s);
-      qf[p + D / 2] = float(y * c + x * s);
-    }
-  }
-  for (int d = 0; d < D; ++d) qf[d] = hooks::query_transform(var, params, qf[d]);
-  float acc[D];
-  for (int d = 0; d < D; ++d) acc[d] = 0.f;
-  float m = -INFINITY, l = 0.f;
-  const T* v = static_cast<const T*>(a.v);
-  for (int j = 0; j < kv_len; ++j) {
-    const int64_t row = int64_t(a.kv_indptr[b] + j) * a.Hkv + hk;
-    if (a.causal && j > kv_len - qo_len + i) continue;
-    if (!hooks::logits_mask(var, params, uint32_t(b), uint32_t(i), uint32_t(j), uint32_t(hq),
-                            uint32_t(hk))) {
-      continue;
-    }
-    const float* kr = a.k_rot + row * D;
-    float s = 0.f;
-    for (int d = 0; d < D; ++d) s += qf[d] * kr[d];
-    s = hooks::logits_transform(var, params, s, uint32_t(b), uint32_t(i), uint32_t(j),
-                                uint32_t(hq), uint32_t(hk));
-    const T* vr = v + row * D;
-    if (Variant::use_softmax) {
-      const float mn = fmaxf(m, s);
-      const float sc = exp2f(m - mn);
-      const float p = exp2f(s - mn);
-      l = l * sc + p;
-      for (int d = 0; d < D; ++d) acc[d] = acc[d] * sc + p * float(vr[d]);
-      m = mn;
-    } else {
-      l += s;
-      for (int d = 0; d < D; ++d) acc[d] += s * float(vr[d]);
-    }
-  }
-  float* o = a.o + int64_t(idx) * D;
-  for (int d = 0; d < D; ++d) {
-    float x = Variant::use_softmax ? (l > 0.f ? acc[d] / l : 0.f) : acc[d];
-    o[d] = hooks::output_transform(var, params, x, uint32_t(b), uint32_t(i), uint32_t(hq));
-  }
-  a.lse[idx] = Variant::use_softmax ? (l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY)
-                                    : logf(l);
-}
-
-template <typename T>
-static std::vector<T> rand_vec(size_t n, Rng& r, float amp) {
-  std::vector<T> h(n);
-  for (auto& x : h) {
-    float f = r.uni() * amp;
-    if (f == 0.f) f = 0.01f;
-    x = to_t<T>(f);
-  }
-  return h;
-}
-
-enum Kind { kSingle = 0, kRagged = 1 };
-
-struct Spec {
-  std::string name;
-  int Hq, Hkv;
-  std::vector<int> qo, kv;  // per request (single: one)
-  bool hnd = false;         // single: k/v HND
-  bool offsets = false;     // ragged: rope offsets per request
-  float rope_theta = 1e4f, rope_scale = 1.f;
-  uint64_t seed = 1;
-};
-
-template <Kind K, typename T>
-struct ParamsOf;
-template <typename T>
-struct ParamsOf<kSingle, T> { using type = SinglePrefillParams<T, T, T>; };
-template <typename T>
-struct ParamsOf<kRagged, T> { using type = BatchPrefillRaggedParams<T, T, T>; };
-
-template <typename Params>
-static void fill_common(Params& P, int D, int Hq, int Hkv, const float* slopes) {
-  P.logits_soft_cap = 5.f;
-  P.window_left = 37;
-  P.alibi_slopes = slopes;
-  P.sigmoid_bias = -1.f;
-  P.sm_scale = 1.f / std::sqrt(float(D));
-  P.rope_theta = 1e4f;
-  P.rope_scale = 1.f;
-  P.q_stride_n = P.o_stride_n = int64_t(Hq) * D;
-  P.q_stride_h = P.o_stride_h = D;
-  P.num_qo_heads = Hq;
-  P.num_kv_heads = Hkv;
-}
-
-template <bool kHopper, Kind K, int D, int MASK, int POS, typename Variant, typename Params>
-static int call(const Params& p, int64_t total_q, int64_t kv_rows, void* ws, int64_t bytes,
-                const DeviceInfo& dev, cudaStream_t st) {
-  if constexpr (K == kSingle) {
-    if constexpr (kHopper) {
-      return hopper::launch_single_prefill<D, MASK, POS, Variant>(p, ws, bytes, dev, st);
-    } else {
-      return prefill::launch_single_prefill<D, MASK, POS, Variant>(p, ws, bytes, dev, st);
-    }
-  } else {
-    if constexpr (kHopper) {
-      return hopper::launch_batch_prefill_ragged<D, MASK, POS, Variant>(p, total_q, kv_rows, ws,
-                                                                         bytes, dev, st);
-    } else {
-      return prefill::launch_batch_prefill_ragged<D, MASK, POS, Variant>(p, total_q, kv_rows, ws,
-                                                                          bytes, dev, st);
-    }
-  }
-}
-
-template <bool kHopper, Kind K, int D, int POS, typename T, typename Variant, typename Params>
-static int64_t ws_bytes(const Params& p, int64_t total_q, int64_t kv_rows, int64_t batch,
-                        const DeviceInfo& dev) {
-  if constexpr (K == kSingle) {
-    if constexpr (kHopper) {
-      return hopper::single_prefill_workspace_bytes<D, POS, Variant, Params>(
-          p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-    } else {
-      return prefill::single_prefill_workspace_bytes<D, POS, Variant, Params>(
-          p.qo_len, p.kv_len, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-    }
-  } else {
-    if constexpr (kHopper) {
-      return hopper::batch_prefill_workspace_bytes<D, POS, Variant, Params>(
-          total_q, kv_rows, batch, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-    } else {
-      return prefill::batch_prefill_workspace_bytes<D, POS, Variant, Params>(
-          total_q, kv_rows, batch, p.num_qo_heads, p.num_kv_heads, dev.sm_count);
-    }
-  }
-}
 
 template <Kind K, typename T, int D, int MASK, int POS, template <class> class VariantT>
 static void run_test(const Spec& s) {
@@ -279,14 +30,8 @@ static void run_test(const Spec& s) {
   DeviceInfo dev;
   if (current_device(&dev)) { std::fprintf(stderr, "device query failed\n"); std::exit(1); }
   const int B = int(s.qo.size());
-  std::vector<int> qo_indptr(B + 1, 0), kv_indptr(B + 1, 0), req_tok, req_kv;
-  for (int b = 0; b < B; ++b) {
-    qo_indptr[b + 1] = qo_indptr[b] + s.qo[b];
-    kv_indptr[b + 1] = kv_indptr[b] + s.kv[b];
-    for (int i = 0; i < s.qo[b]; ++i) req_tok.push_back(b);
-    for (int j = 0; j < s.kv[b]; ++j) req_kv.push_back(b);
-  }
-  const int total_q = qo_indptr[B], total_kv = kv_indptr[B];
+  const Lengths L = make_lengths(s.qo, s.kv);
+  const int total_q = L.total_q, total_kv = L.total_kv;
   Rng r(s.seed * 7919 + D + total_q * 31 + total_kv);
   const int Hq = s.Hq, Hkv = s.Hkv;
   std::vector<T> q_h = rand_vec<T>(size_t(total_q) * Hq * D, r, 2.f);
@@ -301,17 +46,12 @@ static void run_test(const Spec& s) {
   q.up(q_h);
   k.up(k_h);
   v.up(v_h);
-  d_qo.up(qo_indptr);
-  d_kv.up(kv_indptr);
-  d_tok.up(req_tok);
-  d_kvr.up(req_kv);
-  std::vector<int> qoff(B, 0), kvoff(B, 0);
-  if (s.offsets) {
-    for (int b = 0; b < B; ++b) {
-      qoff[b] = int(r.next() % 300);
-      kvoff[b] = int(r.next() % 300);
-    }
-  }
+  d_qo.up(L.qo_indptr);
+  d_kv.up(L.kv_indptr);
+  d_tok.up(L.req_of_token);
+  d_kvr.up(L.req_of_kvrow);
+  std::vector<int> qoff, kvoff;
+  rope_offsets(B, s.offsets, r, qoff, kvoff);
   d_qoff.up(qoff);
   d_kvoff.up(kvoff);
   std::vector<float> sl(Hq);
@@ -319,16 +59,8 @@ static void run_test(const Spec& s) {
   DevBuf<float> slopes(Hq);
   slopes.up(sl);
   Params P{};
-  fill_common(P, D, Hq, Hkv, slopes.p);
-  P.rope_theta = s.rope_theta;
-  P.rope_scale = s.rope_scale;
-  P.q = q.p;
-  P.o = o.p;
-  P.lse = lse.p;
-  P.k = k.p;
-  P.v = v.p;
-  P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-  P.k_stride_h = P.v_stride_h = D;
+  set_shared(P, D, Hq, Hkv, q.p, o.p, lse.p, slopes.p, 5.f, 37, -1.f, s.rope_theta, s.rope_scale);
+  set_kv(P, k.p, v.p, int64_t(Hkv) * D, D);
   if constexpr (K == kSingle) {
     P.qo_len = total_q;
     P.kv_len = total_kv;
@@ -342,10 +74,7 @@ static void run_test(const Spec& s) {
           }
       k_in.up(kh);
       v_in.up(vh);
-      P.k = k_in.p;
-      P.v = v_in.p;
-      P.k_stride_h = P.v_stride_h = int64_t(total_kv) * D;
-      P.k_stride_n = P.v_stride_n = D;
+      set_kv(P, k_in.p, v_in.p, D, int64_t(total_kv) * D);
     }
   } else {
     P.qo_indptr = d_qo.p;
@@ -379,13 +108,14 @@ static void run_test(const Spec& s) {
   }
   const std::vector<float> oref = o_ref.down(), lref = lse_ref.down();
   std::vector<T> first_o;
-  double rel = 0, max_abs = 0, lse_err = 0;
-  bool nan = false, inf_mismatch = false, stable = true;
+  Errors e{0, 0, 0, false, false};
+  bool stable = true;
   for (int round = 0; round < 2; ++round) {
     CK(cudaMemset(o.p, 0xFF, o.n * sizeof(T)));
     CK(cudaMemset(lse.p, 0xFF, lse.n * sizeof(float)));
     CK(cudaMemset(ws.p, 0xAB, ws.n));
-    const int rc = call<true, K, D, MASK, POS, Variant>(P, total_q, total_kv, ws.p, bytes, dev, st);
+    const int rc =
+        call_kernel<true, K, D, MASK, POS, 1, Variant>(P, total_q, total_kv, ws.p, bytes, dev, st);
     if (rc != 0) {
       std::printf("FAIL %-40s launch returned %d: %s\n", s.name.c_str(), rc, last_error_buffer());
       ++g_failures;
@@ -398,44 +128,25 @@ static void run_test(const Spec& s) {
     const std::vector<float> lh = lse.down();
     if (round == 0) {
       first_o = oh;
-      double num = 0, den = 0;
-      for (size_t i = 0; i < oref.size(); ++i) {
-        const double x = to_fl(oh[i]);
-        if (std::isnan(x) || std::isinf(x)) nan = true;
-        const double d = x - oref[i];
-        num += d * d;
-        den += double(oref[i]) * oref[i];
-        max_abs = std::max(max_abs, std::fabs(d));
-      }
-      rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-      for (size_t i = 0; i < lref.size(); ++i) {
-        if (std::isnan(lh[i])) { nan = true; continue; }
-        if (std::isinf(lref[i]) || std::isinf(lh[i])) {
-          if (lref[i] != lh[i]) inf_mismatch = true;
-          continue;
-        }
-        lse_err = std::max(lse_err, double(std::fabs(lh[i] - lref[i])));
-      }
+      compare_totals(e, oh, oref, lh, lref);
     } else {
       stable = std::memcmp(first_o.data(), oh.data(), oh.size() * sizeof(T)) == 0;
     }
   }
   const bool f16 = std::is_same<T, half>::value;
   const double tol = f16 ? 5e-3 : 1e-2, ltol = f16 ? 1.5e-2 : 3e-2;
-  const bool ok = !nan && !inf_mismatch && rel < tol && lse_err < ltol && stable;
+  const bool ok = !e.nan && !e.inf_mismatch && e.rel < tol && e.lse_err < ltol && stable;
   if (!ok) ++g_failures;
   std::printf("%s %-40s %-6s %s D%-3d H%d/%d rel %.2e max %.2e lse %.2e%s%s%s\n",
               ok ? "PASS" : "FAIL", s.name.c_str(), K == kSingle ? "single" : "ragged",
-              f16 ? "f16 " : "bf16", D, Hq, Hkv, rel, max_abs, lse_err,
-              nan ? " NaN/unwritten" : "", inf_mismatch ? " -inf mismatch" : "",
+              f16 ? "f16 " : "bf16", D, Hq, Hkv, e.rel, e.max_abs, e.lse_err,
+              e.nan ? " NaN/unwritten" : "", e.inf_mismatch ? " -inf mismatch" : "",
               stable ? "" : " UNSTABLE (two runs differ)");
   CK(cudaStreamDestroy(st));
 }
 
 // ---------------------------------------------------------------- benchmarks
 
-static uint8_t* g_flush = nullptr;
-static const size_t kFlushBytes = size_t(256) << 20;
 struct Row {
   std::string name;
   double hopper_ms, portable_ms, flops;
@@ -485,40 +196,11 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
   using Variant = VariantT<Params>;
   DeviceInfo dev;
   current_device(&dev);
-  const int B = int(lens.size());
-  std::vector<int> indptr(B + 1, 0);
-  for (int b = 0; b < B; ++b) indptr[b + 1] = indptr[b] + lens[b];
-  const int total = indptr[B];
-  const int64_t nq = int64_t(total) * Hq * D, nkv = int64_t(total) * Hkv * D;
-  DevBuf<T> q(nq), o(nq), k(nkv), v(nkv);
-  DevBuf<float> lse(size_t(total) * Hq);
-  DevBuf<int> d_indptr(B + 1);
-  d_indptr.up(indptr);
-  fill_random<T><<<1024, 256>>>(q.p, nq, 1, 2.f);
-  fill_random<T><<<1024, 256>>>(k.p, nkv, 2, 2.f);
-  fill_random<T><<<1024, 256>>>(v.p, nkv, 3, 1.f);
-  DevBuf<float> slopes(Hq);
-  std::vector<float> sl(Hq);
-  for (int h = 0; h < Hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / Hq);
-  slopes.up(sl);
-  Params P{};
-  fill_common(P, D, Hq, Hkv, slopes.p);
-  P.logits_soft_cap = 30.f;
-  P.window_left = 1024;
-  P.q = q.p;
-  P.o = o.p;
-  P.lse = lse.p;
-  P.k = k.p;
-  P.v = v.p;
-  P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-  P.k_stride_h = P.v_stride_h = D;
-  if constexpr (K == kSingle) {
-    P.qo_len = P.kv_len = total;
-  } else {
-    P.qo_indptr = P.kv_indptr = d_indptr.p;
-    P.q_rope_offset = P.kv_rope_offset = nullptr;
-    P.batch_size = B;
-  }
+  // The portable harness's bench inputs (sigmoid_bias 0 there, -1 in the tests here: no bench
+  // here runs Sigmoid).
+  BenchInputs<K, T, D, 1> in(Hq, Hkv, lens, true);
+  const Params& P = in.P;
+  const int B = in.B, total = in.L.total_q;
   const int64_t b1 = ws_bytes<true, K, D, POS, T, Variant>(P, total, total, B, dev);
   const int64_t b2 = ws_bytes<false, K, D, POS, T, Variant>(P, total, total, B, dev);
   DevBuf<uint8_t> ws1(size_t(std::max<int64_t>(b1, 16))), ws2(size_t(std::max<int64_t>(b2, 16)));
@@ -526,11 +208,10 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   CK(cudaDeviceSynchronize());
   double ms1, ms2;
-  time_pair([&]() { return call<true, K, D, MASK, POS, Variant>(P, total, total, ws1.p, b1, dev, st); },
-            [&]() { return call<false, K, D, MASK, POS, Variant>(P, total, total, ws2.p, b2, dev, st); },
+  time_pair([&]() { return call_kernel<true, K, D, MASK, POS, 1, Variant>(P, total, total, ws1.p, b1, dev, st); },
+            [&]() { return call_kernel<false, K, D, MASK, POS, 1, Variant>(P, total, total, ws2.p, b2, dev, st); },
             st, ms1, ms2);
-  double flops = 0;
-  for (int x : lens) flops += 4.0 * Hq * double(x) * x * D * (MASK == prefill::kMaskCausal ? 0.5 : 1.0);
+  const double flops = bench_flops<MASK>(Hq, D, lens);
   g_rows.push_back({name, ms1, ms2, flops});
   std::printf("BENCH %-40s sm90 %8.3f ms %6.1f TFLOP/s | portable %8.3f ms %6.1f TFLOP/s\n",
               name.c_str(), ms1, flops / ms1 / 1e9, ms2, flops / ms2 / 1e9);
@@ -539,15 +220,8 @@ static void bench(const std::string& name, int Hq, int Hkv, const std::vector<in
 
 int main(int argc, char** argv) {
   bool tests = true, benches = true;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--no-bench")) benches = false;
-    if (!std::strcmp(argv[i], "--no-tests")) tests = false;
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
-  }
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major,
-              prop.minor);
+  parse_args(argc, argv, tests, benches, &g_reps);
+  print_device();
   using namespace prefill;
   constexpr int C = kMaskCausal, N = kMaskNone, R = kPosRopeLlama, Z = kPosNone;
 #ifdef HOPPER_BENCH_ONLY

