@@ -107,6 +107,9 @@ pub struct ModuleDecl {
     pub axes: Vec<AxisDecl>,
     #[serde(default)]
     pub aot: AotDecl,
+    /// What a release leaves out of the whole matrix (absent: nothing).
+    #[serde(default)]
+    pub release: ReleaseSetDecl,
     /// The only architectures the module is built for ("9.0a"), as compile targets; absent:
     /// every architecture of the build.
     #[serde(default)]
@@ -179,6 +182,24 @@ pub struct AotDecl {
     pub include: Vec<UniqueMap<Vec<Value>>>,
     #[serde(default)]
     pub exclude: Vec<UniqueMap<Vec<Value>>>,
+}
+
+/// `modules.<m>.release`: the module's instances a release does not precompile.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseSetDecl {
+    #[serde(default)]
+    pub exclude: Vec<ReleaseExclusionDecl>,
+}
+
+/// One exclusion from the release: the instances whose axis values `where` selects (as an `aot`
+/// selection does), and why they are left out (their first use compiles them, and says so).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseExclusionDecl {
+    #[serde(rename = "where")]
+    pub selection: UniqueMap<Vec<Value>>,
+    pub reason: String,
 }
 
 /// User variants added for one run (`--variants-file`), as the JIT loader writes them.

@@ -28,6 +28,10 @@ pub struct InstanceRow {
     /// spelled as in variants.json (`9.0a`); absent: every architecture of the build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arch_limit: Option<Vec<String>>,
+    /// Why a release leaves it out (`modules.<m>.release.exclude`); absent: a release
+    /// precompiles it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside_release: Option<String>,
 }
 
 /// One built instance in a manifest (or, with an absolute `path`, in `build --json`).

@@ -276,3 +276,126 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
     let o = t.run(&["warm", "--device-cc", "x.y"]);
     assert_usage_error(&o, &["--device-cc"]);
 }
+
+/// Sets the toy module's axes to one value each but `width` (32 and 64), and `release.exclude`.
+fn two_widths(t: &Tree, exclude: Value) {
+    t.edit(|v| {
+        let axes = &mut v["modules"]["toy"]["axes"];
+        for (i, values) in [
+            serde_json::json!(["f16"]),
+            serde_json::json!([32, 64]),
+            serde_json::json!([true]),
+            serde_json::json!(["sum"]),
+            serde_json::json!(["plain"]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            axes[i]["values"] = values;
+        }
+        v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
+        v["modules"]["toy"]["release"] = serde_json::json!({ "exclude": exclude });
+        v["release"] = serde_json::json!({"archs": ["8.0"]});
+    });
+}
+
+#[test]
+fn a_release_leaves_out_what_variants_json_excludes_and_says_why() {
+    let t = Tree::new("toy");
+    t.with_python_package();
+    let reason = "width 32 is for experiments; its first use compiles it";
+    two_widths(
+        &t,
+        serde_json::json!([{"where": {"width": [32]}, "reason": reason}]),
+    );
+    // list-variants shows which instances a release leaves out, with the reason.
+    let o = t.run(&["list-variants", "--json"]);
+    assert_success(&o);
+    let rows: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let outside: Vec<(i64, Option<&str>)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["params"]["width"].as_i64().unwrap(),
+                r["outside_release"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(outside, [(32, Some(reason)), (64, None)]);
+
+    let o = t
+        .cmd()
+        .args(["build-wheel", "--release", "--out", "dist", "-j", "2"])
+        .output()
+        .unwrap();
+    assert_success(&o);
+    assert!(
+        stderr(&o).contains(&format!(
+            "the release leaves out 1 instance of toy: {reason}"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    let kernels = stdout(&o)
+        .lines()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.to_string_lossy().contains("flashgen_kernels_sm80"))
+        .expect("a kernel wheel for 8.0");
+    let m = wheel_manifest(&kernels, "flashgen_kernels_sm80");
+    let widths: Vec<i64> = m["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["params"]["width"].as_i64().unwrap())
+        .collect();
+    assert_eq!(widths, [64], "only the instance in the release set");
+
+    // A release whose filters select only excluded instances builds nothing, and says so.
+    let o = t
+        .cmd()
+        .args(["build-wheel", "--release", "--out", "dist2", "-q"])
+        .args(["--where", "width=32"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the release selects no instance"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_release_exclusion_names_its_field_when_it_is_wrong() {
+    for (exclude, needles) in [
+        (
+            serde_json::json!([{"where": {"depth": [1]}, "reason": "r"}]),
+            vec![
+                "modules.toy.release.exclude[0].where.depth",
+                "no axis `depth`",
+            ],
+        ),
+        (
+            serde_json::json!([{"where": {"width": [48]}, "reason": "r"}]),
+            vec![
+                "release.exclude[0].where.width",
+                "value `48` is not on axis",
+            ],
+        ),
+        (
+            serde_json::json!([{"where": {"width": [32]}, "reason": " "}]),
+            vec!["release.exclude[0].reason", "say why"],
+        ),
+        (
+            serde_json::json!([{"where": {"width": [32]}}]),
+            vec!["reason"],
+        ),
+    ] {
+        let t = Tree::new("toy");
+        two_widths(&t, exclude);
+        let o = t.run(&["list-variants"]);
+        assert_usage_error(&o, &needles);
+    }
+}

@@ -308,6 +308,8 @@ def _ask_binary(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any
 def _not_precompiled(inst: Instance, cc: tuple[int, int]) -> tuple[str, str | None]:
     """Why this installation has no code of ``inst`` for ``cc``, and the extra of a release's
     kernel wheel that would have it (None when no such wheel is missing)."""
+    if inst.outside_release is not None and _install.kernel_packages():
+        return f"the release leaves it out ({inst.outside_release})", None
     extra = _missing_kernel_wheel(cc)
     if extra is not None:
         return f"the kernel wheel for this GPU is not installed (pip install 'flashgen[{extra}]')", extra

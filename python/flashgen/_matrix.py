@@ -113,6 +113,7 @@ class Instance(NamedTuple):
     codes: Mapping[str, int]
     aot: bool
     arch_limit: tuple[str, ...] | None = None  # the only archs it is built for (None: all)
+    outside_release: str | None = None  # why a release leaves it out (None: a release has it)
 
 
 def format_value(value: Any) -> str:
@@ -307,7 +308,8 @@ class Matrix:
 
 def _instance(raw: Mapping[str, Any]) -> Instance:
     return Instance(raw["uri"], raw["module"], dict(raw["params"]), dict(raw.get("codes", {})),
-                    bool(raw.get("aot", False)), _tuple_or_none(raw.get("arch_limit")))
+                    bool(raw.get("aot", False)), _tuple_or_none(raw.get("arch_limit")),
+                    raw.get("outside_release"))
 
 
 def _tuple_or_none(value: Any) -> Any:

@@ -113,6 +113,7 @@ fn release(
         ),
     };
     let archs = arch::parse_list(&list, from)?;
+    note_left_out(matrix, &args.compile.filter, ui)?;
     // Each architecture builds the same file names: a folder of its own for each.
     let release_root = args
         .build_dir
@@ -192,6 +193,26 @@ fn release(
     let written = finish_wheel(w, matrix, args, None, ui)?;
     for p in paths.iter().chain(std::iter::once(&written.path)) {
         println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// Says what the release leaves out of the selection (`modules.<m>.release.exclude`): how many
+/// instances of which module, and why.
+fn note_left_out(matrix: &Matrix, filter: &crate::filter::FilterArgs, ui: &Ui) -> Result<()> {
+    let mut left_out: IndexMap<(&str, &str), usize> = IndexMap::new();
+    for inst in filter.select(matrix)? {
+        if let Some(reason) = matrix.outside_release(inst) {
+            *left_out
+                .entry((matrix.module(inst).name.as_str(), reason))
+                .or_default() += 1;
+        }
+    }
+    for ((module, reason), n) in left_out {
+        ui.note(format!(
+            "the release leaves out {n} instance{} of {module}: {reason}",
+            if n == 1 { "" } else { "s" }
+        ));
     }
     Ok(())
 }
@@ -503,7 +524,11 @@ fn build_aot<'m>(
     };
     super::check_out_dir(matrix, &build_dir, "--build-dir")?;
     crate::build::check_out_claimable(&build_dir, "--build-dir")?;
-    let selected = filter.select(matrix)?;
+    let mut selected = filter.select(matrix)?;
+    if release.is_some() {
+        // The release set: the matrix less each module's `release.exclude`.
+        selected.retain(|i| matrix.outside_release(i).is_none());
+    }
     let builder = super::builder(
         matrix,
         archs.as_deref(),

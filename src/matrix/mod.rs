@@ -141,6 +141,8 @@ pub struct Module {
     pub axes: Vec<Axis>,
     aot_include: Vec<Selection>,
     aot_exclude: Vec<Selection>,
+    /// `modules.<m>.release.exclude`: what a release leaves out, each with its reason.
+    release_exclude: Vec<(Selection, String)>,
     /// The only architectures the whole module is built for (`modules.<m>.archs`).
     pub arch_limit: Option<Vec<Arch>>,
 }
@@ -174,12 +176,24 @@ impl Module {
 
     /// Whether the combination `choice` (one value index per axis) is in the AOT subset.
     fn is_aot(&self, choice: &[usize]) -> bool {
-        let hit = |sel: &Selection| {
-            sel.iter()
-                .all(|(axis, allowed)| allowed.contains(&choice[*axis]))
-        };
+        let hit = |sel: &Selection| sel_holds(sel, choice);
         self.aot_include.iter().any(hit) && !self.aot_exclude.iter().any(hit)
     }
+
+    /// Why the combination `choice` is left out of the release (the first exclusion that holds
+    /// it), or None: it is in the release.
+    fn outside_release(&self, choice: &[usize]) -> Option<&str> {
+        self.release_exclude
+            .iter()
+            .find(|(sel, _)| sel_holds(sel, choice))
+            .map(|(_, reason)| reason.as_str())
+    }
+}
+
+/// Whether `sel` (axis -> allowed value indices) holds the combination `choice`.
+fn sel_holds(sel: &Selection, choice: &[usize]) -> bool {
+    sel.iter()
+        .all(|(axis, allowed)| allowed.contains(&choice[*axis]))
 }
 
 /// The whole validated matrix and its expansion into instances.
@@ -264,7 +278,14 @@ impl Matrix {
             arch_limit: self
                 .arch_limit(inst)
                 .map(|l| l.iter().map(ToString::to_string).collect()),
+            outside_release: self.outside_release(inst).map(str::to_string),
         }
+    }
+
+    /// Why `inst` is left out of the release (`modules.<m>.release.exclude`), or None: a release
+    /// precompiles it.
+    pub fn outside_release(&self, inst: &Instance) -> Option<&str> {
+        self.module(inst).outside_release(&inst.choice)
     }
 
     /// The only architectures `inst` is built for (its module's and backend's limits); `None`

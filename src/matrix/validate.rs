@@ -149,6 +149,23 @@ pub(super) fn matrix(
                 .map(|(i, s)| check_selection(s, &axes, &loc.field(&format!("aot.{key}[{i}]"))))
                 .collect()
         };
+        let release_exclude = decl
+            .release
+            .exclude
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let eloc = loc.field(&format!("release.exclude[{i}]"));
+                let selection = check_selection(&e.selection, &axes, &eloc.field("where"))?;
+                if e.reason.trim().is_empty() {
+                    return Err(eloc
+                        .field("reason")
+                        .err("say why these instances are left out of the release")
+                        .into());
+                }
+                Ok((selection, e.reason.trim().to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
         modules.push(Module {
             name: name.clone(),
             source: decl.source.clone(),
@@ -156,6 +173,7 @@ pub(super) fn matrix(
             args,
             aot_include: sel(&decl.aot.include, "include")?,
             aot_exclude: sel(&decl.aot.exclude, "exclude")?,
+            release_exclude,
             axes,
             arch_limit,
         });

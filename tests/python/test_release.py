@@ -149,3 +149,29 @@ def test_a_missing_cuda_runtime_names_the_package_to_install(
     assert proc.returncode != 0
     assert "RuntimeMissingError" in proc.stderr, proc.stderr
     assert "libcudart.so.13" in proc.stderr and "pip install 'nvidia-cuda-runtime==13.*'" in proc.stderr, proc.stderr
+
+
+def test_an_instance_the_release_leaves_out_is_refused_with_the_reason(
+        release_site: Path, build_env: dict[str, str], tmp_path: Path) -> None:
+    """variants.json's ``modules.<m>.release.exclude`` travels in the wheel's matrix
+    (``outside_release``): with the JIT disabled, the error says the release leaves the instance
+    out, and why, instead of naming a kernel wheel that would not hold it either."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(release_site, site)
+    rows_file = site / "flashgen" / "_data" / "instances" / "single_decode.json"
+    rows = json.loads(rows_file.read_text())
+    wanted = {"dtype": "f16", "head_dim": 64, "pos_encoding": "none", "variant": "default", "backend": "portable"}
+    (row,) = [r for r in rows if r["params"] == wanted]
+    row["outside_release"] = "f16 head_dim 64 is left to the JIT"
+    rows_file.write_text(json.dumps(rows))
+    code = ("from flashgen import _loader\n"
+            f"_loader.load('single_decode', {wanted!r})\n")
+    env = dict(build_env, PYTHONPATH=str(site), FLASHGEN_DEVICE_CC="8.0", FLASHGEN_DISABLE_JIT="1",
+               FLASHGEN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("FLASHGEN_BIN", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "JITDisabledError" in proc.stderr, proc.stderr
+    assert "the release leaves it out (f16 head_dim 64 is left to the JIT)" in proc.stderr, proc.stderr
