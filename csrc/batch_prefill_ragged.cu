@@ -24,10 +24,7 @@ struct BatchPrefillRagged {
   }
 
   static int check_call(const Args& a) {
-    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-      return fail(FLASHGEN_INVALID_ARGUMENT,
-                  "batch_prefill_ragged: q, k, v and o must not be NULL");
-    }
+    if (int st = prefill::check_qkvo(a, "batch_prefill_ragged")) return st;
     return check_shape(a);
   }
 

@@ -16,6 +16,7 @@
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/entry.cuh"
 #include "flashgen/params.cuh"
+#include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
 #if FLASHGEN_BACKEND_sm90
 #include "flashgen/hopper/decode.cuh"
@@ -51,15 +52,10 @@ int start_params(Params& p, const Args& a) {
   if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
   using DType = typename Params::DTypeO;
   p.q = static_cast<const DType*>(a.q);
-  p.k = static_cast<const DType*>(a.k);
-  p.v = static_cast<const DType*>(a.v);
+  prefill::fill_contiguous_kv(p, a);
   p.o = static_cast<DType*>(a.o);
   p.lse = a.lse;
   p.q_stride_h = a.q_stride_h;
-  p.k_stride_n = a.k_stride_n;
-  p.k_stride_h = a.k_stride_h;
-  p.v_stride_n = a.v_stride_n;
-  p.v_stride_h = a.v_stride_h;
   p.o_stride_h = a.o_stride_h;
   p.kv_len = static_cast<uint32_t>(a.kv_len);
   p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
@@ -194,9 +190,7 @@ struct SingleDecode {
   }
 
   static int check_call(const Args& a) {
-    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-      return fail(FLASHGEN_INVALID_ARGUMENT, "single_decode: q, k, v and o must not be NULL");
-    }
+    if (int st = prefill::check_qkvo(a, "single_decode")) return st;
     if (int st = check_shape(a)) return st;
     if (!aligned16(a.k) || !aligned16(a.v) || !vec_stride(a.k_stride_n) ||
         !vec_stride(a.k_stride_h) || !vec_stride(a.v_stride_n) || !vec_stride(a.v_stride_h)) {

@@ -27,9 +27,7 @@ struct SinglePrefill {
   }
 
   static int check_call(const Args& a) {
-    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
-      return fail(FLASHGEN_INVALID_ARGUMENT, "single_prefill: q, k, v and o must not be NULL");
-    }
+    if (int st = prefill::check_qkvo(a, "single_prefill")) return st;
     return check_shape(a);
   }
 

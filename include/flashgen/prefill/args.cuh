@@ -66,6 +66,15 @@ void fill_paged_kv(Params& p, const Args& a) {
   p.kv_stride_h = a.kv_stride_h;
 }
 
+/** q, k, v and o all given (the modules whose K/V are two tensors). */
+template <typename Args>
+int check_qkvo(const Args& a, const char* module) {
+  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: q, k, v and o must not be NULL", module);
+  }
+  return FLASHGEN_OK;
+}
+
 /** num_qo_heads a positive multiple of num_kv_heads, which is at most 65535. */
 template <typename Args>
 int check_shape_heads(const Args& a, const char* module) {
