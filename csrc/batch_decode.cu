@@ -59,18 +59,9 @@ void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
  *  variant's parameters first. */
 template <typename Params>
 int start_params(Params& p, const Args& a) {
-  if (int st = copy_additional_params(&p, a.additional_params, "batch_decode")) return st;
-  using DType = typename Params::DTypeO;
-  p.q = static_cast<const DType*>(a.q);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
+  if (int st = prefill::start_common(p, a, "batch_decode")) return st;
   prefill::fill_paged_kv(p, a);
-  p.q_stride_h = a.q_stride_h;
-  p.o_stride_h = a.o_stride_h;
   p.batch_size = static_cast<uint32_t>(a.batch_size);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.sm_scale = a.sm_scale;
   return FLASHGEN_OK;
 }
 

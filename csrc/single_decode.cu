@@ -49,18 +49,9 @@ void make_plan(int64_t num_qo_heads, int64_t num_kv_heads, int64_t kv_len, const
  *  variant's parameters first. */
 template <typename Params>
 int start_params(Params& p, const Args& a) {
-  if (int st = copy_additional_params(&p, a.additional_params, "single_decode")) return st;
-  using DType = typename Params::DTypeO;
-  p.q = static_cast<const DType*>(a.q);
+  if (int st = prefill::start_common(p, a, "single_decode")) return st;
   prefill::fill_contiguous_kv(p, a);
-  p.o = static_cast<DType*>(a.o);
-  p.lse = a.lse;
-  p.q_stride_h = a.q_stride_h;
-  p.o_stride_h = a.o_stride_h;
   p.kv_len = static_cast<uint32_t>(a.kv_len);
-  p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
-  p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
-  p.sm_scale = a.sm_scale;
   return FLASHGEN_OK;
 }
 

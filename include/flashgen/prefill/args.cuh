@@ -15,20 +15,28 @@
 namespace flashgen {
 namespace prefill {
 
-/** The variant's parameters (copied from the call's), then q, o, heads, scale and RoPE. */
+/** What every module takes from its call alike: the variant's parameters (copied from the
+ *  call's), then q, o, the LSE, their head strides, the head counts and the scale. */
 template <typename Params, typename Args>
-int start_params(Params& p, const Args& a, const char* module) {
+int start_common(Params& p, const Args& a, const char* module) {
   if (int st = copy_additional_params(&p, a.additional_params, module)) return st;
   p.q = static_cast<const typename Params::DTypeQ*>(a.q);
   p.o = static_cast<typename Params::DTypeO*>(a.o);
   p.lse = a.lse;
-  p.q_stride_n = a.q_stride_n;
   p.q_stride_h = a.q_stride_h;
-  p.o_stride_n = a.o_stride_n;
   p.o_stride_h = a.o_stride_h;
   p.num_qo_heads = static_cast<uint32_t>(a.num_qo_heads);
   p.num_kv_heads = static_cast<uint32_t>(a.num_kv_heads);
   p.sm_scale = a.sm_scale;
+  return FLASHGEN_OK;
+}
+
+/** A prefill's start: the common fields, then the token strides and RoPE. */
+template <typename Params, typename Args>
+int start_params(Params& p, const Args& a, const char* module) {
+  if (int st = start_common(p, a, module)) return st;
+  p.q_stride_n = a.q_stride_n;
+  p.o_stride_n = a.o_stride_n;
   p.rope_scale = a.rope_scale;
   p.rope_theta = a.rope_theta;
   return FLASHGEN_OK;
