@@ -186,6 +186,36 @@ mod tests {
     }
 
     #[test]
+    fn a_launcher_zig_or_no_objcopy_turns_it_off_and_says_why() {
+        let objects = std::sync::Arc::new(HostObjects::default());
+        let d = tempfile::tempdir().unwrap();
+        let gxx = d.path().join("g++");
+        std::fs::write(&gxx, "").unwrap();
+        std::fs::write(d.path().join("objcopy"), "").unwrap();
+        let tc = Toolchain {
+            host_compiler_path: gxx,
+            ..Toolchain::placeholder()
+        };
+        let on = |tc: &Toolchain, launcher: &Launcher| {
+            HostOnce::new(objects.clone(), Vec::new(), tc, launcher).map(|h| h.objcopy)
+        };
+        assert_eq!(on(&tc, &Launcher::default()), Ok(d.path().join("objcopy")));
+        let sccache = Launcher {
+            words: vec!["/usr/bin/sccache".into()],
+            from: "--launcher",
+        };
+        assert!(on(&tc, &sccache).unwrap_err().contains("launcher"));
+        let zig = Toolchain {
+            manylinux: Some(crate::manylinux::Glibc {
+                major: 2,
+                minor: 28,
+            }),
+            ..tc.clone()
+        };
+        assert!(on(&zig, &Launcher::default()).unwrap_err().contains("zig"));
+    }
+
+    #[test]
     fn a_kept_object_is_found_only_under_its_host_key_and_goes_with_the_run() {
         let c = tempfile::tempdir().unwrap();
         let cache = Cache::open(c.path().join("c")).unwrap();
