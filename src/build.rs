@@ -20,6 +20,7 @@ use crate::compile::{self, CompileInputs, Guard, Launcher, NvccCommand};
 use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
+use crate::host_once::{HostObjects, HostOnce};
 use crate::instance::Instance;
 use crate::matrix::{HeaderPath, Matrix};
 use crate::records::{BuiltRow, Manifest, ToolchainRow};
@@ -121,6 +122,9 @@ pub struct Prepared<'m> {
     pub archs: Vec<Arch>,
     /// Its nvcc flags: the builder's, with only those archs.
     pub flags: Vec<String>,
+    /// With host-once ([`Builder::share_host_objects`]): what its host object is kept and found
+    /// under, the key of its flags without any arch (see `host_once.rs`).
+    pub host_key: Option<String>,
 }
 
 /// One instance's result.
@@ -210,6 +214,8 @@ pub struct Builder<'m> {
     pub launcher: Launcher,
     compress: bool,
     hasher: SourceHasher,
+    /// A release run's host objects, shared with its other architectures' builders.
+    host_once: Option<HostOnce>,
 }
 
 impl<'m> Builder<'m> {
@@ -239,6 +245,19 @@ impl<'m> Builder<'m> {
             launcher: Launcher::default(),
             compress,
             hasher,
+            host_once: None,
+        }
+    }
+
+    /// Makes this builder one architecture of a release run that builds `later` after it, all
+    /// sharing `objects`: an instance compiled here keeps its host object for the later
+    /// architectures, and one whose object an earlier architecture kept compiles its device code
+    /// alone into a copy of it (`host_once.rs`). Set the launcher first: host-once is off with one,
+    /// as it is without objcopy or with the zig host compiler (`-v` says why).
+    pub fn share_host_objects(&mut self, objects: std::sync::Arc<HostObjects>, later: Vec<Arch>) {
+        match HostOnce::new(objects.clone(), later, &self.toolchain, &self.launcher) {
+            Ok(h) => self.host_once = Some(h),
+            Err(why) => HostOnce::say_off(&objects, &why),
         }
     }
 
@@ -281,6 +300,8 @@ impl<'m> Builder<'m> {
     ) -> Result<Vec<Prepared<'m>>> {
         let tc_texts = self.toolchain_texts();
         let gen_root = gen_dir.unwrap_or(Path::new("<generated>"));
+        // Every flag but the archs': the same for each architecture of a release.
+        let host_flags = self.host_once.as_ref().map(|_| self.flags_for(&[]));
         selected
             .par_iter()
             .map(|inst| {
@@ -306,6 +327,9 @@ impl<'m> Builder<'m> {
                     .join(&self.matrix.module(inst).source);
                 let inputs = self.hasher.inputs(&source, &header)?;
                 let key = fingerprint::cache_key(&tc_texts, &flags, &header, &inputs);
+                let host_key = host_flags
+                    .as_ref()
+                    .map(|f| fingerprint::cache_key(&tc_texts, f, &header, &inputs));
                 Ok(Prepared {
                     inst,
                     header,
@@ -314,6 +338,7 @@ impl<'m> Builder<'m> {
                     key,
                     archs,
                     flags,
+                    host_key,
                 })
             })
             .collect()
@@ -733,13 +758,9 @@ impl<'m> Builder<'m> {
         let dir = scratch.take().map_err(early)?;
         let object = dir.path().join(OBJECT_NAME);
         let tmp = dir.path().join("instance.so");
-        let steps = self.build_steps(p, &tmp);
-        let mut took = Duration::ZERO;
-        for step in &steps {
-            took += step.run(dir.path(), guard).map_err(|(status, stderr)| {
-                fail(FailureKind::Compile, step.shell_line(), status, stderr)
-            })?;
-        }
+        let (steps, took, keep) = self
+            .run_steps(p, dir.path(), &object, &tmp, guard)
+            .map_err(|(cmd, status, stderr)| fail(FailureKind::Compile, cmd, status, stderr))?;
         let (compile, cmd) = (&steps[0], &steps[steps.len() - 1]);
         // The key names the bytes hashed before the compile; an edit since (a file saved while
         // the build ran) may be what nvcc read, so such an object is not stored under that key.
@@ -759,8 +780,9 @@ impl<'m> Builder<'m> {
             ));
         }
         // Emptied, not removed (see `Scratch`): a later compile in this folder that claims
-        // success without writing its object then fails to link instead of linking this one.
-        if steps.len() == 2 {
+        // success without writing its object then fails to link instead of linking this one. An
+        // object kept for the later architectures moves once its `.so` is stored.
+        if steps.len() > 1 && keep.is_none() {
             std::fs::OpenOptions::new()
                 .write(true)
                 .truncate(true)
@@ -789,8 +811,87 @@ impl<'m> Builder<'m> {
             .cache
             .insert(&p.key, &p.inst.uri, &tmp, &bytes)
             .map_err(|e| store(cmd, e))?;
+        if let Some((h, host_key)) = keep {
+            if let Err(e) = h.objects.keep(&self.cache, &p.inst.uri, host_key, &object) {
+                crate::ui::detail(format!(
+                    "{}: its host object is not kept ({e:#}); its later architectures compile in one step",
+                    p.inst.uri
+                ));
+                // Not in the folder given back (see above).
+                let _ = std::fs::remove_file(&object);
+            }
+        }
         scratch.give(dir);
         Ok((entry, took))
+    }
+
+    /// Runs the steps that make `p`'s `.so` at `output`, in the compile's scratch folder `dir`
+    /// (`object`: the object's place there). With host-once ([`Self::share_host_objects`]):
+    /// where an earlier architecture of the run kept `p`'s host object, its device code alone
+    /// swapped into a copy of it, then the link (any failure there falls back to the steps
+    /// below, `-v` saying why); else, where a later architecture builds `p`, the compile and the
+    /// link, keeping the object (returned with its host key, to keep once the `.so` is stored);
+    /// else [`Self::build_steps`]. Returns the steps run (the compile first, the link last) and
+    /// their time, or the failed step's command line, status and output.
+    #[allow(clippy::type_complexity)]
+    fn run_steps<'s>(
+        &'s self,
+        p: &'s Prepared,
+        dir: &Path,
+        object: &Path,
+        output: &Path,
+        guard: &Guard,
+    ) -> Result<
+        (Vec<NvccCommand>, Duration, Option<(&'s HostOnce, &'s str)>),
+        (String, String, String),
+    > {
+        let run = |steps: &[NvccCommand]| {
+            let mut took = Duration::ZERO;
+            for step in steps {
+                took += step
+                    .run(dir, guard)
+                    .map_err(|(status, stderr)| (step.shell_line(), status, stderr))?;
+            }
+            Ok(took)
+        };
+        let host = self.host_once.as_ref().zip(p.host_key.as_deref());
+        let Some((h, host_key)) = host else {
+            let steps = self.build_steps(p, output);
+            return run(&steps).map(|took| (steps, took, None));
+        };
+        let later = !self.matrix.instance_archs(p.inst, &h.later).is_empty();
+        if let Some(kept) = h.objects.find(&p.inst.uri, host_key) {
+            let fatbin = dir.join(FATBIN_NAME);
+            let inputs = self.compile_inputs(p);
+            let steps = vec![
+                NvccCommand::fatbin(&self.toolchain, &p.flags, &inputs, &fatbin),
+                NvccCommand::swap_fatbin(&h.objcopy, &fatbin, &kept, object),
+                NvccCommand::link(&self.toolchain, &p.flags, object, output, dir),
+            ];
+            let ran = run(&steps);
+            let _ = std::fs::remove_file(&fatbin);
+            if !later {
+                h.objects.forget(&p.inst.uri);
+            }
+            match ran {
+                Ok(took) => return Ok((steps, took, None)),
+                Err((cmd, status, stderr)) => {
+                    crate::ui::detail(format!(
+                        "{}: the device code swap into its host object failed ({status}: {}; `{cmd}`); building it in one step",
+                        p.inst.uri,
+                        stderr.lines().next().unwrap_or("").trim()
+                    ));
+                    let _ = std::fs::remove_file(object);
+                    let _ = std::fs::remove_file(output);
+                }
+            }
+        }
+        if later {
+            let steps: Vec<NvccCommand> = self.commands(p, object, output).into();
+            return run(&steps).map(|took| (steps, took, Some((h, host_key))));
+        }
+        let steps = self.build_steps(p, output);
+        run(&steps).map(|took| (steps, took, None))
     }
 
     /// The manifest of `built`: what `--out/manifest.json` holds and what the wheel ships.
@@ -841,8 +942,12 @@ impl<'m> Builder<'m> {
     }
 }
 
-/// The compile step's output in a scratch folder, when the build takes two steps.
+/// The compile step's output in a scratch folder, when the build takes two steps (or the copy
+/// of a kept host object with this architecture's fatbin).
 const OBJECT_NAME: &str = "instance.o";
+
+/// The device-only step's output in a scratch folder (host-once; removed once swapped in).
+const FATBIN_NAME: &str = "instance.fatbin";
 
 /// Private folders under `<cache>/tmp` (`nvcc-job.*/`) for the compiles of one
 /// [`Builder::ensure_cached`]: nvcc's `TMPDIR`, the object and the `.so` until it is stored. One

@@ -22,6 +22,11 @@
 //! and names it with a relative `-I<uri>`, so the preprocessed input names no output folder and a
 //! compiler cache hits across output folders and between build, build-wheel and the JIT.
 //!
+//! Within a release, an instance's later architectures take a third form (`host_once.rs`):
+//! `nvcc -fatbin` (the device code alone, [`NvccCommand::fatbin`]), `objcopy` putting that
+//! fatbin into a copy of the object an earlier architecture's compile step made
+//! ([`NvccCommand::swap_fatbin`]), and the link: the one-step build's bytes again.
+//!
 //! Each command is complete and standalone: the error shown on failure (`cd DIR && nvcc ...`),
 //! each entry of `compile_commands.json` and each edge of `build.ninja` reproduce one step alone.
 //!
@@ -77,6 +82,10 @@ pub const FATBIN_COMPRESSION: [&str; 2] = ["-Xfatbin=-compress-all", "--compress
 /// The name, in the link step's working folder, of the symlink to the toolchain's root; it ends
 /// up in every `.so` (nvlink's option string), so changing it changes every output.
 pub const TOOLCHAIN_LINK: &str = ".cuda";
+
+/// The section of nvcc's object that holds the fatbin (an `asm` block; label `fatbinData`, no
+/// relocations): the one part of the object that depends on the architecture.
+const FATBIN_SECTION: &str = ".nv_fatbin";
 
 /// The environment variable naming the compile launcher when `--launcher` is not given.
 pub const LAUNCHER_ENV: &str = "FLASHGEN_NVCC_LAUNCHER";
@@ -306,6 +315,37 @@ impl NvccCommand {
             program: tc.nvcc.clone(),
             args,
             cwd: Some(inputs.cwd.to_path_buf()),
+            toolchain_root: None,
+        }
+    }
+
+    /// `nvcc -fatbin`: the device code alone (no cudafe++, no host compile) of the compile step
+    /// with the same flags, into `fatbin`; for a host object kept from another architecture of
+    /// the run (`host_once.rs`). Never launched (see there).
+    pub fn fatbin(tc: &Toolchain, flags: &[String], inputs: &CompileInputs, fatbin: &Path) -> Self {
+        let mut cmd = Self::compile(tc, flags, inputs, fatbin, &Launcher::default());
+        let c = cmd
+            .args
+            .iter()
+            .position(|a| a == "-c")
+            .expect("a compile step");
+        cmd.args[c] = "-fatbin".into();
+        cmd
+    }
+
+    /// Not nvcc: `objcopy --update-section .nv_fatbin=<fatbin> <host> <object>`, a copy of the
+    /// host object `host` with `fatbin` in place of its own; run like the nvcc steps.
+    pub fn swap_fatbin(objcopy: &Path, fatbin: &Path, host: &Path, object: &Path) -> Self {
+        NvccCommand {
+            launcher: Vec::new(),
+            program: objcopy.to_path_buf(),
+            args: vec![
+                "--update-section".into(),
+                format!("{FATBIN_SECTION}={}", fatbin.display()),
+                host.display().to_string(),
+                object.display().to_string(),
+            ],
+            cwd: None,
             toolchain_root: None,
         }
     }

@@ -31,7 +31,8 @@
 //! 8. **Wheel and release**: `commands/build_wheel.rs` packs the build with the loader, the
 //!    sources and this binary through [`wheel`] (a PEP 427 writer that also picks the manylinux
 //!    tag); [`cuda_packages`] names the CUDA packages the wheel requires; `--release` builds
-//!    [`release`]'s set and holds every wheel to its budget.
+//!    [`release`]'s set and holds every wheel to its budget; within it [`host_once`] compiles
+//!    each instance's host code once for all its architectures (the same `.so` bytes).
 //! 9. **JIT and loader**: the Python package (`python/flashgen/`, `_loader.py`) loads a
 //!    precompiled instance when one runs on the device, else asks `flashgen jit`
 //!    (`commands/jit.rs`), which builds through the same [`build`] and [`cache`] and answers with
@@ -64,6 +65,7 @@ pub mod error;
 pub(crate) mod filter;
 pub(crate) mod fingerprint;
 pub(crate) mod fsutil;
+pub(crate) mod host_once;
 pub(crate) mod instance;
 pub(crate) mod manylinux;
 pub mod matrix;

@@ -121,6 +121,13 @@ pub fn verbose() -> bool {
     VERBOSE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// `-v` in this process: why the build took a path it took (a line on stderr).
+pub fn detail(msg: impl AsRef<str>) {
+    if verbose() {
+        eprintln!("note: {}", msg.as_ref());
+    }
+}
+
 /// `-v` in this process: `+ <command>` on stderr.
 pub fn trace(argv: &[String]) {
     if verbose() {

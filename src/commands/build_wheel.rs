@@ -16,6 +16,7 @@ use crate::cli::WheelArgs;
 use crate::cuda_packages;
 use crate::error::UsageError;
 use crate::fsutil::{human_bytes, sha256_bytes};
+use crate::host_once::HostObjects;
 use crate::matrix::Matrix;
 use crate::records::{
     BuiltRow, KernelPackage, Layout, Manifest, ALL_KERNELS_EXTRA, LAYOUT, REQUIRES_PYTHON,
@@ -122,12 +123,20 @@ fn release(
     let mut packages = Vec::new();
     let mut toolchain = None;
     let mut paths = Vec::new();
-    for a in &archs {
+    // Each instance's host code, compiled by its first architecture and reused by the others
+    // (src/host_once.rs); removed when the release ends.
+    let host_objects = std::sync::Arc::new(HostObjects::default());
+    for (i, a) in archs.iter().enumerate() {
         let extra = kernel_extra(a);
         let Some((builder, report)) = build_aot(
             matrix,
             args,
-            Some((a, &release_root.join(&extra))),
+            Some(ReleaseArch {
+                arch: a,
+                dir: &release_root.join(&extra),
+                host_objects: &host_objects,
+                later: &archs[i + 1..],
+            }),
             &sources,
             ui,
         )?
@@ -496,14 +505,23 @@ fn check_manylinux_target(
     .into())
 }
 
+/// One architecture of a release: its build folder, the host objects the release's builders
+/// share, and the architectures built after it.
+struct ReleaseArch<'a> {
+    arch: &'a Arch,
+    dir: &'a Path,
+    host_objects: &'a std::sync::Arc<HostObjects>,
+    later: &'a [Arch],
+}
+
 /// The AOT build: the precompiled subset (or the filtered set) made present in the cache and
 /// copied to `--build-dir`, checked against the sources the wheel ships. `release`: one
-/// architecture of a release and its build folder: the whole matrix (filters narrow it) built
-/// for that architecture alone, None when it builds none of the selection.
+/// architecture of a release: the whole matrix (filters narrow it) built for that architecture
+/// alone into its folder, None when it builds none of the selection.
 fn build_aot<'m>(
     matrix: &'m Matrix,
     args: &WheelArgs,
-    release: Option<(&Arch, &Path)>,
+    release: Option<ReleaseArch>,
     sources: &[Snapshot],
     ui: &Ui,
 ) -> Result<Option<(Builder<'m>, BuildReport<'m>)>> {
@@ -513,8 +531,8 @@ fn build_aot<'m>(
     if release.is_none() && filter.module.is_none() && filter.wheres.is_empty() {
         filter.aot = true;
     }
-    let (archs, build_dir) = match release {
-        Some((a, dir)) => (Some(a.to_string()), dir.to_path_buf()),
+    let (archs, build_dir) = match &release {
+        Some(r) => (Some(r.arch.to_string()), r.dir.to_path_buf()),
         None => (
             c.arch.clone(),
             args.build_dir
@@ -529,13 +547,16 @@ fn build_aot<'m>(
         // The release set: the matrix less each module's `release.exclude`.
         selected.retain(|i| matrix.outside_release(i).is_none());
     }
-    let builder = super::builder(
+    let mut builder = super::builder(
         matrix,
         archs.as_deref(),
         !c.no_compress,
         c.launcher.as_deref(),
         c.manylinux.as_deref(),
     )?;
+    if let Some(r) = &release {
+        builder.share_host_objects(r.host_objects.clone(), r.later.to_vec());
+    }
     let selected = if release.is_some() {
         match builder.buildable(&selected) {
             (kept, _) if kept.is_empty() => return Ok(None),
