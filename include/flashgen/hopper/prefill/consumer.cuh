@@ -400,40 +400,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                      m, l);
     continue;
   }
-  named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    const float inv = lse::inverse<kSoftmax>(l[h]);
-#pragma unroll
-    for (int j = 0; j < kO / 4; ++j) {
-      float y0 = o[4 * j + 2 * h] * inv, y1 = o[4 * j + 2 * h + 1] * inv;
-      y0 = hooks::output_transform(variant, params, y0, w.batch, uint32_t(tok[h]), qo_head[h]);
-      y1 = hooks::output_transform(variant, params, y1, w.batch, uint32_t(tok[h]), qo_head[h]);
-      *reinterpret_cast<uint32_t*>(smem + sw128<kTileQ>(r, j) + quad * 4) =
-          ptx::pack2<DTypeO>(y0, y1);
-    }
-    if ((quad == 0) & (params.lse != nullptr) && tok[h] < qo_len) {
-      params.lse[(rq.q_row0 + tok[h]) * params.num_qo_heads + qo_head[h]] =
-          lse::natural<kSoftmax>(lse::weight<kSoftmax>(m[h], l[h]));
-    }
-  }
-  named_barrier(1 + cw, 128);
-  constexpr int kChunks = kD / 8;
-#pragma unroll 4
-  for (int it = 0; it < 64 * kChunks / 128; ++it) {
-    const uint32_t idx = it * 128 + ctid;
-    const uint32_t r = cw * 64 + idx / kChunks;
-    const uint32_t c = idx % kChunks;
-    const uint32_t p = p0 + r;
-    const int32_t token = int32_t(p / G);
-    if (token < qo_len) {
-      const uint32_t head = kv_head * G + p % G;
-      DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n +
-                    int64_t(head) * params.o_stride_h + c * 8;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(smem + sw128<kTileQ>(r, c));
-    }
-  }
+  store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0, G,
+                                  kv_head, cw, warp4, lane, quad, ctid);
   }  // blocks
 }
 
