@@ -64,22 +64,19 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
   named_barrier(1 + cw, 128);
 }
 
-/** The consumer warpgroups' role (warpgroups 1.. of the CTA): for each block the scheduler hands
- *  out (next_block, the kernel's closure), stage Q, run the mainloop over the block's kv tiles
- *  and write the block's output. sg: the stage buffers and barriers (the kernel's closures);
- *  tid, wg: the thread and its warpgroup in the CTA. The kernel's locals come by reference and
- *  smem by value, as the single-body kernel used them: taking smem's address changed how the
- *  scheduler ring's address was folded (include/flashgen/README.md). */
-template <typename Traits, int MASK, int POS, int PAGE_SIZE, bool kDynamic, typename Variant,
-          typename Params, typename Stages, typename NextBlock>
-__device__ __forceinline__ void run_consumer(const Params& params, const prefill::Partials& part,
-                                             const uint32_t& num_blocks, uint8_t* smem,
-                                             const uint32_t& q_addr, const Stages& sg,
-                                             NextBlock& next_block, uint8_t* const& variant_smem,
-                                             const uint32_t& G, const uint32_t& num_kv_heads,
-                                             const uint32_t& tid, const uint32_t& wg) {
+/** The mainloop (step 3). */
+template <typename Traits, int MASK, int PAGE_SIZE, typename Variant, typename Params,
+          typename Stages>
+__device__ __forceinline__ void consume_tiles(
+    const Params& params, Variant& variant, const prefill::WorkUnit& w, const Stages& sg,
+    const uint32_t& q_addr, const uint32_t& cw, const uint32_t& lane, const uint32_t& quad,
+    const int32_t (&tok)[2], const uint32_t (&qo_head)[2], const float (&slope)[2],
+    const int32_t (&origin)[2], const bool& tanh_on, const float& logit_scale,
+    const bool& fixed_max, const int32_t& qo_len, const int32_t& kv_len, const uint32_t& kv_head,
+    const int32_t& kt_begin, const int32_t& n_tiles, const int32_t& free_a, const int32_t& free_b,
+    const uint32_t& g, float (&o)[Traits::kHeadDim / 2], float (&m)[2], float (&l)[2],
+    float (&s)[Traits::kTileKV / 2], uint32_t (&pr)[Traits::kTileKV / 4], float (&scale0)[2]) {
   using DTypeKV = typename Params::DTypeKV;
-  using DTypeO = typename Params::DTypeO;
   using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
   using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
   constexpr int kD = Traits::kHeadDim;
@@ -89,83 +86,18 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
   constexpr int kS = kTileKV / 2;  // S floats per thread
   constexpr int kO = kD / 2;       // O floats per thread
   constexpr bool kSoftmax = Variant::use_softmax;
-  constexpr bool kRope = POS == prefill::kPosRopeLlama;
   constexpr bool kGather = PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
   constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
   constexpr bool kVarLogits =
       prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
-  constexpr bool kFixedMaxAble =
-      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
   auto& k_addr = sg.k_addr;
   auto& v_addr = sg.v_addr;
   auto& full_k = sg.full_k;
   auto& full_v = sg.full_v;
   auto& empty_k = sg.empty_k;
   auto& empty_v = sg.empty_v;
-  setmaxnreg_inc<Traits::kConsumerRegs>();
-  const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
-  const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
-  const uint32_t lane = tid & 31, warp4 = ctid / 32;
-  uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
-
-  for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-  HopperBlock b;
-  if (!next_block(round, 0xffffffffu, b)) {
-    if constexpr (kDynamic) break; else continue;
-  }
-  const prefill::WorkUnit w = b.w;
-  const prefill::RequestInfo rq = b.rq;
-  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
-  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
-  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
-  Variant variant(params, w.batch, variant_smem);
-  bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
-  float logit_scale = 1.f;
-  (void)tanh_on;
-  (void)logit_scale;
-  if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
-  // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
-  bool fixed_max = false;
-  float fixed_ref = 0.f;
-  if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
-  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
-
-  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
-
-  // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
-  int32_t tok[2];
-  uint32_t qo_head[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    tok[h] = int32_t(p / G);
-    qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
-  }
-  const uint32_t quad = lane % 4;
-  float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
-  int32_t origin[2] = {0, 0};
-  (void)slope;
-  (void)origin;
-  if constexpr (kLinearBias) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (tok[h] < qo_len) {
-        variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
-                           origin[h]);
-      }
-    }
-  }
-
-  float o[kO];
-#pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
-  if (fixed_max) m[0] = m[1] = fixed_ref;
-  float s[kS];
-  uint32_t pr[kS / 2];
-
   auto issue_qk = [&](uint32_t st) {
     wg_fence();
 #pragma unroll
@@ -339,7 +271,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
       wg_wait<0>();
       fence_regs(s);
       release(empty_k(g % kStages));
-      float scale[2];
+      float (&scale)[2] = scale0;
       if (kt_begin >= free_a && kt_begin < free_b) {
         softmax_tile(kt_begin, std::false_type{}, scale);
       } else {
@@ -389,6 +321,115 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
       release(empty_v(sp));
     }
   }
+}
+
+/** The consumer warpgroups' role (warpgroups 1.. of the CTA): for each block the scheduler hands
+ *  out (next_block, the kernel's closure), stage Q, run the mainloop over the block's kv tiles
+ *  and write the block's output. sg: the stage buffers and barriers (the kernel's closures);
+ *  tid, wg: the thread and its warpgroup in the CTA. The kernel's locals come by reference and
+ *  smem by value, as the single-body kernel used them: taking smem's address changed how the
+ *  scheduler ring's address was folded (include/flashgen/README.md). */
+template <typename Traits, int MASK, int POS, int PAGE_SIZE, bool kDynamic, typename Variant,
+          typename Params, typename Stages, typename NextBlock>
+__device__ __forceinline__ void run_consumer(const Params& params, const prefill::Partials& part,
+                                             const uint32_t& num_blocks, uint8_t* smem,
+                                             const uint32_t& q_addr, const Stages& sg,
+                                             NextBlock& next_block, uint8_t* const& variant_smem,
+                                             const uint32_t& G, const uint32_t& num_kv_heads,
+                                             const uint32_t& tid, const uint32_t& wg) {
+  using DTypeKV = typename Params::DTypeKV;
+  using DTypeO = typename Params::DTypeO;
+  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
+  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
+  constexpr int kD = Traits::kHeadDim;
+  constexpr int kTileQ = Traits::kTileQ;
+  constexpr int kTileKV = Traits::kTileKV;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kS = kTileKV / 2;  // S floats per thread
+  constexpr int kO = kD / 2;       // O floats per thread
+  constexpr bool kSoftmax = Variant::use_softmax;
+  constexpr bool kRope = POS == prefill::kPosRopeLlama;
+  constexpr bool kGather = PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>();
+  constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
+  constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
+  constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
+  constexpr bool kVarLogits =
+      prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
+  constexpr bool kFixedMaxAble =
+      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
+  auto& k_addr = sg.k_addr;
+  auto& v_addr = sg.v_addr;
+  auto& full_k = sg.full_k;
+  auto& full_v = sg.full_v;
+  auto& empty_k = sg.empty_k;
+  auto& empty_v = sg.empty_v;
+  setmaxnreg_inc<Traits::kConsumerRegs>();
+  const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
+  const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
+  const uint32_t lane = tid & 31, warp4 = ctid / 32;
+  uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
+
+  for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
+  HopperBlock b;
+  if (!next_block(round, 0xffffffffu, b)) {
+    if constexpr (kDynamic) break; else continue;
+  }
+  const prefill::WorkUnit w = b.w;
+  const prefill::RequestInfo rq = b.rq;
+  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
+  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
+  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
+  Variant variant(params, w.batch, variant_smem);
+  bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
+  float logit_scale = 1.f;
+  (void)tanh_on;
+  (void)logit_scale;
+  if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
+  // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
+  bool fixed_max = false;
+  float fixed_ref = 0.f;
+  if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
+  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
+
+  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
+
+  // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
+  int32_t tok[2];
+  uint32_t qo_head[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+    tok[h] = int32_t(p / G);
+    qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
+  }
+  const uint32_t quad = lane % 4;
+  float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
+  int32_t origin[2] = {0, 0};
+  (void)slope;
+  (void)origin;
+  if constexpr (kLinearBias) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (tok[h] < qo_len) {
+        variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
+                           origin[h]);
+      }
+    }
+  }
+
+  float o[kO];
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
+  if (fixed_max) m[0] = m[1] = fixed_ref;
+  float s[kS];
+  uint32_t pr[kS / 2];
+
+  float scale0[2];
+  consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
+                                         qo_head, slope, origin, tanh_on, logit_scale, fixed_max,
+                                         qo_len, kv_len, kv_head, kt_begin, n_tiles, free_a, free_b,
+                                         g, o, m, l, s, pr, scale0);
 
   g += uint32_t(n_tiles);
 
