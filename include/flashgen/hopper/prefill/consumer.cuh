@@ -1,10 +1,25 @@
 /**
- * @brief A consumer warpgroup of the sm90 prefill kernel: warpgroup cw (0-based among the
- * consumers) owns packed query rows [64 cw, 64 cw + 64) of the block.
+ * @brief The consumer warpgroups of the sm90 prefill kernel: warpgroup cw (0-based among the
+ * consumers) owns packed query rows [64 cw, 64 cw + 64) of each block, and each thread two of
+ * them (64 cw + 16 warp4 + lane / 4 + 8 h, h = 0, 1) in every accumulator.
  *
- * Here: the block's Q staged in shared memory. The mainloop (wgmma Q K^T and P V, the online
- * softmax, the ping-pong) and the output store are still in the kernel body (kernel.cuh): as
- * functions they compiled to different SASS (include/flashgen/README.md).
+ *   run_consumer    the role: per block from the scheduler, the variant's per-block state,
+ *                   stage_query, the per-row state, consume_tiles, then the epilogue
+ *                   (epilogue.cuh: the row sums, a split unit's partials or the unit's output)
+ *   stage_query     Q with RoPE and the QueryTransform, swizzled into shared memory
+ *   consume_tiles   the mainloop over the block's kv tiles:
+ *     iteration j (tile kt_j, buffers s_j): issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1};
+ *     wait for S_j (K_j buffer freed); mask / LogitsTransform / online softmax of S_j (row max,
+ *     exp2, row sums) while the P V runs; wait for the P V (V_{j-1} buffer freed); rescale O if
+ *     the max rose past the threshold; P_j = S_j in the input dtype.
+ *
+ * The functions are __forceinline__ and keep the single-body kernel's code order, lambdas and
+ * `#pragma unroll`s, so the SASS is that of the kernel written inline (benches/sass_identity.sh).
+ * Two rules follow from how the compiler lays the inlined code out. A function's local arrays
+ * are placed ahead of its caller's, which renumbers the registers and changes the SASS; so the
+ * caller (run_consumer) declares every register array the mainloop works on and passes it by
+ * reference. And a kernel local whose address was never taken stays a value (smem): taking its
+ * address changed how the scheduler ring's address was folded.
  */
 #pragma once
 
@@ -64,7 +79,14 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
   named_barrier(1 + cw, 128);
 }
 
-/** The mainloop (step 3). */
+/** The mainloop of one block over its n_tiles kv tiles (from kt_begin; tiles in [free_a, free_b)
+ *  need no mask): the wgmma issue of Q K^T and P V on the stages (sg), the ping-pong between
+ *  consumer warpgroups, and the masks, logits hooks and online softmax of each S tile. g: the
+ *  tiles this CTA consumed before the block (stage g % kStages, phase (g / kStages) & 1). In and
+ *  out: o (zeroed by the caller), m, l; s, pr: the S tile and its packed P; scale0: tile 0's
+ *  rescale factors. The caller owns these arrays (the file comment says why). The per-row inputs
+ *  (tok, qo_head, slope, origin) and the variant's (tanh_on, logit_scale, fixed_max) come from
+ *  run_consumer. */
 template <typename Traits, int MASK, int PAGE_SIZE, typename Variant, typename Params,
           typename Stages>
 __device__ __forceinline__ void consume_tiles(
@@ -324,11 +346,11 @@ __device__ __forceinline__ void consume_tiles(
 }
 
 /** The consumer warpgroups' role (warpgroups 1.. of the CTA): for each block the scheduler hands
- *  out (next_block, the kernel's closure), stage Q, run the mainloop over the block's kv tiles
- *  and write the block's output. sg: the stage buffers and barriers (the kernel's closures);
- *  tid, wg: the thread and its warpgroup in the CTA. The kernel's locals come by reference and
- *  smem by value, as the single-body kernel used them: taking smem's address changed how the
- *  scheduler ring's address was folded (include/flashgen/README.md). */
+ *  out (next_block, the kernel's closure: the ring in the dynamic order, else the static order's
+ *  plan), stage Q, run the mainloop over the block's kv tiles and write the block's output.
+ *  sg: the stage buffers and barriers (the kernel's closures); q_addr: the Q buffer; smem: the
+ *  CTA's aligned window (Q, then the stages); tid, wg: the thread and its warpgroup in the CTA.
+ *  The kernel's other locals come by reference, smem by value (the file comment says why). */
 template <typename Traits, int MASK, int POS, int PAGE_SIZE, bool kDynamic, typename Variant,
           typename Params, typename Stages, typename NextBlock>
 __device__ __forceinline__ void run_consumer(const Params& params, const prefill::Partials& part,
@@ -338,31 +360,21 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                              const uint32_t& G, const uint32_t& num_kv_heads,
                                              const uint32_t& tid, const uint32_t& wg) {
   using DTypeKV = typename Params::DTypeKV;
-  using DTypeO = typename Params::DTypeO;
-  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
-  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
   constexpr int kD = Traits::kHeadDim;
-  constexpr int kTileQ = Traits::kTileQ;
-  constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kS = kTileKV / 2;  // S floats per thread
-  constexpr int kO = kD / 2;       // O floats per thread
+  constexpr int kS = Traits::kTileKV / 2;  // S floats per thread
+  constexpr int kO = kD / 2;               // O floats per thread
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
-  constexpr bool kGather = PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>();
-  constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
+  // TanhCap (prefill/hooks.cuh): the transform is scale * tanh.approx(s) when the variant says
+  // so; the mainloop applies tanh itself and folds the scale into the exp2's FFMA and the row
+  // max, as the portable kernel does (no FMUL and no select per logit).
   constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
+  // LinearBias (prefill/hooks.cuh, ALiBi): s + slope * (kv - origin) as one FFMA per logit
+  // with the column's constant offset; the row's part of a tile, slope * (kv0 - origin), is kept
+  // apart and folded into the row max and the exp2's reference, as the portable kernel does.
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
-  constexpr bool kVarLogits =
-      prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
   constexpr bool kFixedMaxAble =
       kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
-  auto& k_addr = sg.k_addr;
-  auto& v_addr = sg.v_addr;
-  auto& full_k = sg.full_k;
-  auto& full_v = sg.full_v;
-  auto& empty_k = sg.empty_k;
-  auto& empty_v = sg.empty_v;
   setmaxnreg_inc<Traits::kConsumerRegs>();
   const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
   const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
@@ -424,7 +436,6 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
   if (fixed_max) m[0] = m[1] = fixed_ref;
   float s[kS];
   uint32_t pr[kS / 2];
-
   float scale0[2];
   consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
                                          qo_head, slope, origin, tanh_on, logit_scale, fixed_max,
@@ -441,8 +452,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                      m, l);
     continue;
   }
-  store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0, G,
-                                  kv_head, cw, warp4, lane, quad, ctid);
+  store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0,
+                                 G, kv_head, cw, warp4, lane, quad, ctid);
   }  // blocks
 }
 

@@ -1,10 +1,13 @@
 /**
- * @brief The epilogue of the sm90 prefill kernel, per consumer warpgroup and block: the row sums
- * reduced over the quad of threads that share a row, and a split unit's fp32 partials.
+ * @brief The epilogue of the sm90 prefill kernel, per consumer warpgroup and block, after the
+ * mainloop (consumer.cuh): the row sums reduced over the quad of threads that share a row, then
+ * either a split unit's fp32 partials (merged later by prefill/merge.cuh) or the whole unit's
+ * output: O / l through the OutputTransform, staged in the warpgroup's own Q rows (free once
+ * its last Q K^T is done) so that the global stores are 16 bytes wide, and the natural-log LSE.
  *
- * The whole unit's output (O / l through the OutputTransform, staged in the warpgroup's Q rows,
- * 16-byte stores, the natural-log LSE) is still in the kernel body (kernel.cuh): as a function
- * it compiled to different SASS (include/flashgen/README.md).
+ * The functions take the consumer's registers (o, m, l, the thread's rows) by reference and are
+ * __forceinline__: they are the consumer loop's code, named, and compile to the same SASS as
+ * when they were written inline (benches/sass_identity.sh).
  */
 #pragma once
 
@@ -60,6 +63,12 @@ __device__ __forceinline__ void store_partials(const prefill::Partials& part, ui
   }
 }
 
+/** A whole unit (not split): O / l through the OutputTransform into the output rows of the
+ *  warpgroup's 64 packed rows, and the natural-log LSE when params.lse is set. The tile is first
+ *  staged in the warpgroup's Q rows (smem, 128-byte swizzle) between two warpgroup barriers,
+ *  then each thread copies 16-byte chunks, so the stores are coalesced whatever the GQA packing;
+ *  rows past qo_len are dropped. tok, qo_head: the token and query head of the thread's two rows
+ *  (64 cw + 16 warp4 + lane / 4 + 8 h); ctid: the thread within the warpgroup. */
 template <typename Traits, bool kSoftmax, typename Params, typename Variant>
 __device__ __forceinline__ void store_output(
     const Params& params, Variant& variant, uint8_t* smem, const prefill::WorkUnit& w,
@@ -85,6 +94,8 @@ __device__ __forceinline__ void store_output(
       *reinterpret_cast<uint32_t*>(smem + sw128<kTileQ>(r, j) + quad * 4) =
           ptx::pack2<DTypeO>(y0, y1);
     }
+    // `&`, not `&&`: the two row-independent tests form one predicate. With `&&` here the
+    // hoisted predicate comes out negated (quad != 0 || lse == nullptr) and the SASS differs.
     if ((quad == 0) & (params.lse != nullptr) && tok[h] < qo_len) {
       params.lse[(rq.q_row0 + tok[h]) * params.num_qo_heads + qo_head[h]] =
           lse::natural<kSoftmax>(lse::weight<kSoftmax>(m[h], l[h]));

@@ -2,16 +2,16 @@
  * @brief The sm90 prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
  * and two or three consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x
  * shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
- * pipelining). The roles meet in storage.cuh's shared memory; the scheduler thread is
- * scheduler.cuh's, the K/V copies producer.cuh's, Q staging consumer.cuh's, the split partials
- * epilogue.cuh's. Still in this body: the scheduler's closures, the consumer's mainloop and the
- * whole unit's output store (include/flashgen/README.md says why).
+ * pipelining).
  *
- * Consumer iteration j (tile kt_j, buffers s_j):
- *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);
- *   mask / LogitsTransform / online softmax of S_j (row max, exp2, row sums) while the P V runs;
- *   wait for the P V (V_{j-1} buffer freed); rescale O if the max rose past the threshold;
- *   P_j = S_j in the input dtype.
+ * This body only composes the roles: it sets up the shared memory (storage.cuh), names the
+ * stages and the block scheduler as closures, and dispatches warpgroup 0 to the producer
+ * (producer.cuh: the K/V copies, and the scheduler thread of scheduler.cuh) and the others to
+ * the consumer loop (consumer.cuh: Q staging, the mainloop; epilogue.cuh: the output). The
+ * closures stay here and the roles take them by reference: written as member functions of a
+ * scheduler object or as __forceinline__ functions they compiled to different SASS
+ * (include/flashgen/README.md).
+ *
  * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
  * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook
  * views (prefill/hooks.cuh), base-2 softmax with lazy rescale, natural-log LSE output.
@@ -72,35 +72,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #else
   using DTypeQ = typename Params::DTypeQ;
   using DTypeKV = typename Params::DTypeKV;
-  using DTypeO = typename Params::DTypeO;
   static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
-  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
-  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
-  constexpr int kD = Traits::kHeadDim;
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kS = kTileKV / 2;  // S floats per thread
-  constexpr int kO = kD / 2;       // O floats per thread
-  constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
   constexpr bool kPaged = PAGE_SIZE > 0;
   constexpr bool kPagedTma = hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kGather = kPaged && !kPagedTma;
   constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
-  constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
-  // TanhCap (prefill/hooks.cuh): the transform is scale * tanh.approx(s) when the variant says
-  // so; the kernel applies tanh itself and folds the scale into the exp2's FFMA and the row max,
-  // as the portable kernel does (no FMUL and no select per logit).
-  constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
-  // LinearBias (prefill/hooks.cuh, ALiBi): s + slope * (kv - origin) as one FFMA per logit
-  // with the column's constant offset; the row's part of a tile, slope * (kv0 - origin), is kept
-  // apart and folded into the row max and the exp2's reference, as the portable kernel does.
-  constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
-  constexpr bool kVarLogits =
-      prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
-  constexpr bool kFixedMaxAble =
-      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -201,7 +180,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return blk < num_blocks && plan(blk, b);
     }
   };
-  // The block loops below: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
+  // The roles' block loops: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
   // a block that is not a real unit is skipped in the static order and ends the loop in the
   // dynamic one (the unit tables list every real unit before the empty slots, so the first
   // empty one is the end, on both sides alike).
@@ -210,35 +189,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                   decltype(empty_k), decltype(empty_v)>
       sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
   if (wg == 0) {
-    // ================= producer: the K/V copies (dense: thread 0; paged page 16: warp 0; page
-    // size 1: the 128 threads) and, in the dynamic order, the scheduler (thread 32)
-    setmaxnreg_dec<Traits::kProducerRegs>();
-    if constexpr (kDynamic) {
-      if (tid == 32) {
-        run_scheduler(num_blocks, block_counter, ring, plan, sched_full, sched_empty);
-        return;
-      }
-    }
-    if constexpr (kPagedTma) {
-      if (tid < 32) {
-        load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
-                                                 porder, num_blocks, block_of, plan, sg, tid);
-      }
-      return;
-    } else if constexpr (kGather) {
-      load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
-      return;
-    }
-    if (tid == 0) {
-      load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
-    }
+    // Producer warpgroup: the K/V copies (dense: thread 0; paged page 16: warp 0; page size 1:
+    // the 128 threads) and, in the dynamic order, the scheduler (thread 32).
+    run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(params, maps, order_k, order_v, porder, rope_k,
+                                                     smem, base, st, num_blocks, block_counter,
+                                                     ring, block_of, plan, next_block, sched_full,
+                                                     sched_empty, sg, tid);
     return;
   }
 
-  // ================= consumers
-  run_consumer<Traits, MASK, POS, PAGE_SIZE, kDynamic, Variant>(params, part, num_blocks, smem, q_addr,
-                                                             sg, next_block, variant_smem, G,
-                                                             num_kv_heads, tid, wg);
+  // Consumer warpgroups: Q, the mainloop and the output of each block.
+  run_consumer<Traits, MASK, POS, PAGE_SIZE, kDynamic, Variant>(
+      params, part, num_blocks, smem, q_addr, sg, next_block, variant_smem, G, num_kv_heads, tid,
+      wg);
 #endif
 }
 
