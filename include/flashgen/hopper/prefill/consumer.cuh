@@ -382,78 +382,80 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
   uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
 
   for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-  HopperBlock b;
-  if (!next_block(round, 0xffffffffu, b)) {
-    if constexpr (kDynamic) break; else continue;
-  }
-  const prefill::WorkUnit w = b.w;
-  const prefill::RequestInfo rq = b.rq;
-  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
-  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
-  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
-  Variant variant(params, w.batch, variant_smem);
-  bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
-  float logit_scale = 1.f;
-  (void)tanh_on;
-  (void)logit_scale;
-  if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
-  // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
-  bool fixed_max = false;
-  float fixed_ref = 0.f;
-  if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
-  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
+    HopperBlock b;
+    if (!next_block(round, 0xffffffffu, b)) {
+      if constexpr (kDynamic) break; else continue;
+    }
+    const prefill::WorkUnit w = b.w;
+    const prefill::RequestInfo rq = b.rq;
+    const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
+    const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
+    const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
+    Variant variant(params, w.batch, variant_smem);
+    bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
+    float logit_scale = 1.f;
+    (void)tanh_on;
+    (void)logit_scale;
+    if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
+    // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
+    bool fixed_max = false;
+    float fixed_ref = 0.f;
+    if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
+    named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
-  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
+    stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
 
-  // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
-  int32_t tok[2];
-  uint32_t qo_head[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    tok[h] = int32_t(p / G);
-    qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
-  }
-  const uint32_t quad = lane % 4;
-  float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
-  int32_t origin[2] = {0, 0};
-  (void)slope;
-  (void)origin;
-  if constexpr (kLinearBias) {
+    // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
+    int32_t tok[2];
+    uint32_t qo_head[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (tok[h] < qo_len) {
-        variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
-                           origin[h]);
+      const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
+      tok[h] = int32_t(p / G);
+      qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
+    }
+    const uint32_t quad = lane % 4;
+    float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
+    int32_t origin[2] = {0, 0};
+    (void)slope;
+    (void)origin;
+    if constexpr (kLinearBias) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (tok[h] < qo_len) {
+          variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
+                             origin[h]);
+        }
       }
     }
-  }
 
-  float o[kO];
+    // The mainloop's registers: O, the row max and sum, the S tile, its packed P, tile 0's
+    // rescale factors. Declared here, not in consume_tiles (the file comment says why).
+    float o[kO];
 #pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
-  if (fixed_max) m[0] = m[1] = fixed_ref;
-  float s[kS];
-  uint32_t pr[kS / 2];
-  float scale0[2];
-  consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
-                                         qo_head, slope, origin, tanh_on, logit_scale, fixed_max,
-                                         qo_len, kv_len, kv_head, kt_begin, n_tiles, free_a, free_b,
-                                         g, o, m, l, s, pr, scale0);
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+    float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
+    if (fixed_max) m[0] = m[1] = fixed_ref;
+    float s[kS];
+    uint32_t pr[kS / 2];
+    float scale0[2];
+    consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
+                                           qo_head, slope, origin, tanh_on, logit_scale,
+                                           fixed_max, qo_len, kv_len, kv_head, kt_begin, n_tiles,
+                                           free_a, free_b, g, o, m, l, s, pr, scale0);
 
-  g += uint32_t(n_tiles);
+    g += uint32_t(n_tiles);
 
-  // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
-  // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
-  reduce_row_sums(l);
-  if (w.splits > 1) {
-    store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
-                                     m, l);
-    continue;
-  }
-  store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0,
-                                 G, kv_head, cw, warp4, lane, quad, ctid);
+    // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
+    // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+    reduce_row_sums(l);
+    if (w.splits > 1) {
+      store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
+                                       m, l);
+      continue;
+    }
+    store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0,
+                                   G, kv_head, cw, warp4, lane, quad, ctid);
   }  // blocks
 }
 
