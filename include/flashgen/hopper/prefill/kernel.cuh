@@ -9,8 +9,8 @@
  * (producer.cuh: the K/V copies, and the scheduler thread of scheduler.cuh) and the others to
  * the consumer loop (consumer.cuh: Q staging, the mainloop; epilogue.cuh: the output). The
  * closures stay here and the roles take them by reference: written as member functions of a
- * scheduler object or as __forceinline__ functions they compiled to different SASS
- * (include/flashgen/README.md).
+ * scheduler object, as __forceinline__ functions or built by factory functions elsewhere, the
+ * ones that capture anything compiled to different code (include/flashgen/README.md).
  *
  * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
  * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook
@@ -119,17 +119,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t G = params.num_qo_heads / num_kv_heads;
   uint8_t* variant_smem = st.variant_smem();
 
-  // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
-  // grid) in the batch kernels, snake in single prefill (odd rounds reversed, so the CTA that
-  // took the heaviest block of a round takes the lightest of the next: blocks come heavy-first;
-  // it lets causal single prefill run persistent over few rounds, launch.cuh's grid_ctas).
-  constexpr bool kSnake = std::is_same_v<Sched, prefill::SingleSched>;
-  auto block_of = [&](uint32_t round) -> uint32_t {
-    const uint32_t c = (kSnake && (round & 1u))
-                           ? gridDim.x - 1u - blockIdx.x
-                           : blockIdx.x;
-    return round * gridDim.x + c;
-  };
+  // The static orders (scheduler.cuh): round-robin in the batch kernels, snake in single
+  // prefill.
+  auto block_of = make_block_of<std::is_same_v<Sched, prefill::SingleSched>>();
 
   // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
   // tiles it visits (prefill/mask.cuh's unit_tiles, as in the portable kernel). False: an empty
