@@ -20,6 +20,7 @@
 #include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/scheduler.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
+#include "flashgen/hopper/wgmma.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
 
 namespace flashgen {

@@ -27,6 +27,7 @@
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/tuning.cuh"
+#include "flashgen/hopper/wgmma.cuh"
 #include "flashgen/hopper/prefill/scheduler.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
 
