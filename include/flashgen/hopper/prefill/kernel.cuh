@@ -2,16 +2,16 @@
  * @brief The sm90 prefill kernel (sm_90a): TMA K/V loads on mbarriers, a producer warpgroup
  * and two or three consumer warpgroups, wgmma for Q K^T (shared x shared) and P V (registers x
  * shared), and the softmax of tile j overlapped with the P V of tile j-1 (FA3's intra-warpgroup
- * pipelining). The roles meet in storage.cuh's shared memory; the scheduler thread is
- * scheduler.cuh's, the K/V copies producer.cuh's, Q staging consumer.cuh's, the split partials
- * epilogue.cuh's. Still in this body: the scheduler's closures, the consumer's mainloop and the
- * whole unit's output store (include/flashgen/README.md says why).
+ * pipelining).
  *
- * Consumer iteration j (tile kt_j, buffers s_j):
- *   issue S_j = Q K_j^T; issue O += P_{j-1} V_{j-1}; wait for S_j (K_j buffer freed);
- *   mask / LogitsTransform / online softmax of S_j (row max, exp2, row sums) while the P V runs;
- *   wait for the P V (V_{j-1} buffer freed); rescale O if the max rose past the threshold;
- *   P_j = S_j in the input dtype.
+ * This body only composes the roles: it sets up the shared memory (storage.cuh), names the
+ * stages and the block scheduler as closures, and dispatches warpgroup 0 to the producer
+ * (producer.cuh: the K/V copies, and the scheduler thread of scheduler.cuh) and the others to
+ * the consumer loop (consumer.cuh: Q staging, the mainloop; epilogue.cuh: the output). The
+ * closures stay here and the roles take them by reference: written as member functions of a
+ * scheduler object, as __forceinline__ functions or built by factory functions elsewhere, the
+ * ones that capture anything compiled to different code (include/flashgen/README.md).
+ *
  * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
  * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook
  * views (prefill/hooks.cuh), base-2 softmax with lazy rescale, natural-log LSE output.
@@ -72,35 +72,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #else
   using DTypeQ = typename Params::DTypeQ;
   using DTypeKV = typename Params::DTypeKV;
-  using DTypeO = typename Params::DTypeO;
   static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
-  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
-  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
-  constexpr int kD = Traits::kHeadDim;
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
-  constexpr int kS = kTileKV / 2;  // S floats per thread
-  constexpr int kO = kD / 2;       // O floats per thread
-  constexpr bool kSoftmax = Variant::use_softmax;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
   constexpr bool kPaged = PAGE_SIZE > 0;
   constexpr bool kPagedTma = hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kGather = kPaged && !kPagedTma;
   constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
-  constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
-  // TanhCap (prefill/hooks.cuh): the transform is scale * tanh.approx(s) when the variant says
-  // so; the kernel applies tanh itself and folds the scale into the exp2's FFMA and the row max,
-  // as the portable kernel does (no FMUL and no select per logit).
-  constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
-  // LinearBias (prefill/hooks.cuh, ALiBi): s + slope * (kv - origin) as one FFMA per logit
-  // with the column's constant offset; the row's part of a tile, slope * (kv0 - origin), is kept
-  // apart and folded into the row max and the exp2's reference, as the portable kernel does.
-  constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
-  constexpr bool kVarLogits =
-      prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
-  constexpr bool kFixedMaxAble =
-      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -140,17 +119,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t G = params.num_qo_heads / num_kv_heads;
   uint8_t* variant_smem = st.variant_smem();
 
-  // Blocks of this CTA: one per round of gridDim.x blocks; round-robin (CTA c takes c + r *
-  // grid) in the batch kernels, snake in single prefill (odd rounds reversed, so the CTA that
-  // took the heaviest block of a round takes the lightest of the next: blocks come heavy-first;
-  // it lets causal single prefill run persistent over few rounds, launch.cuh's grid_ctas).
-  constexpr bool kSnake = std::is_same_v<Sched, prefill::SingleSched>;
-  auto block_of = [&](uint32_t round) -> uint32_t {
-    const uint32_t c = (kSnake && (round & 1u))
-                           ? gridDim.x - 1u - blockIdx.x
-                           : blockIdx.x;
-    return round * gridDim.x + c;
-  };
+  // The static orders (scheduler.cuh): round-robin in the batch kernels, snake in single
+  // prefill.
+  auto block_of = make_block_of<std::is_same_v<Sched, prefill::SingleSched>>();
 
   // Block blk of the (possibly persistent) grid: unit blk / Hkv, kv head blk % Hkv; the kv
   // tiles it visits (prefill/mask.cuh's unit_tiles, as in the portable kernel). False: an empty
@@ -201,372 +172,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return blk < num_blocks && plan(blk, b);
     }
   };
-  // The block loops below: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
+  // The roles' block loops: `for (round = 0; kDynamic || round * gridDim.x < num_blocks; ...)`;
   // a block that is not a real unit is skipped in the static order and ends the loop in the
   // dynamic one (the unit tables list every real unit before the empty slots, so the first
   // empty one is the end, on both sides alike).
 
+  const StageRefs<decltype(k_addr), decltype(v_addr), decltype(full_k), decltype(full_v),
+                  decltype(empty_k), decltype(empty_v)>
+      sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
   if (wg == 0) {
-    // ================= producer: the K/V copies (dense: thread 0; paged page 16: warp 0; page
-    // size 1: the 128 threads) and, in the dynamic order, the scheduler (thread 32)
-    setmaxnreg_dec<Traits::kProducerRegs>();
-    if constexpr (kDynamic) {
-      if (tid == 32) {
-        run_scheduler(num_blocks, block_counter, ring, plan, sched_full, sched_empty);
-        return;
-      }
-    }
-    const StageRefs<decltype(k_addr), decltype(v_addr), decltype(full_k), decltype(full_v),
-                    decltype(empty_k), decltype(empty_v)>
-        sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
-    if constexpr (kPagedTma) {
-      if (tid < 32) {
-        load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
-                                                 porder, num_blocks, block_of, plan, sg, tid);
-      }
-      return;
-    } else if constexpr (kGather) {
-      load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
-      return;
-    }
-    if (tid == 0) {
-      load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
-    }
+    // Producer warpgroup: the K/V copies (dense: thread 0; paged page 16: warp 0; page size 1:
+    // the 128 threads) and, in the dynamic order, the scheduler (thread 32).
+    run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(params, maps, order_k, order_v, porder, rope_k,
+                                                     smem, base, st, num_blocks, block_counter,
+                                                     ring, block_of, plan, next_block, sched_full,
+                                                     sched_empty, sg, tid);
     return;
   }
 
-  // ================= consumers
-  setmaxnreg_inc<Traits::kConsumerRegs>();
-  const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
-  const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
-  const uint32_t lane = tid & 31, warp4 = ctid / 32;
-  uint32_t g = 0;  // tiles consumed so far by this CTA (the producer's counter)
-
-  for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
-  HopperBlock b;
-  if (!next_block(round, 0xffffffffu, b)) {
-    if constexpr (kDynamic) break; else continue;
-  }
-  const prefill::WorkUnit w = b.w;
-  const prefill::RequestInfo rq = b.rq;
-  const uint32_t kv_head = b.kv_head, unit = b.unit, p0 = b.p0;
-  const int32_t qo_len = b.qo_len, kv_len = b.kv_len, kt_begin = b.kt_begin;
-  const int32_t n_tiles = b.n_tiles, free_a = b.free_a, free_b = b.free_b;
-  Variant variant(params, w.batch, variant_smem);
-  bool tanh_on = false;  // TanhCap: apply tanh, then logit_scale inside the softmax
-  float logit_scale = 1.f;
-  (void)tanh_on;
-  (void)logit_scale;
-  if constexpr (kTanhCap) tanh_on = prefill::tanh_cap(variant, params, logit_scale);
-  // A fixed softmax reference (prefill/hooks.cuh): the tiles skip the row max and the rescale.
-  bool fixed_max = false;
-  float fixed_ref = 0.f;
-  if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
-  named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
-
-  stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
-
-  // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
-  int32_t tok[2];
-  uint32_t qo_head[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t p = p0 + cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    tok[h] = int32_t(p / G);
-    qo_head[h] = kv_head * G + p - uint32_t(tok[h]) * G;
-  }
-  const uint32_t quad = lane % 4;
-  float slope[2] = {0.f, 0.f};  // LinearBias, per row (0 for rows past qo_len)
-  int32_t origin[2] = {0, 0};
-  (void)slope;
-  (void)origin;
-  if constexpr (kLinearBias) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (tok[h] < qo_len) {
-        variant.LinearBias(params, w.batch, uint32_t(tok[h]), qo_head[h], kv_head, slope[h],
-                           origin[h]);
-      }
-    }
-  }
-
-  float o[kO];
-#pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  float m[2] = {-math::inf, -math::inf}, l[2] = {0.f, 0.f};
-  if (fixed_max) m[0] = m[1] = fixed_ref;
-  float s[kS];
-  uint32_t pr[kS / 2];
-
-  auto issue_qk = [&](uint32_t st) {
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      Mma::ss(s, desc_kmajor<kTileQ>(q_addr, ks, cw * 64), desc_kmajor<kTileKV>(k_addr(st), ks, 0),
-              ks > 0 ? 1u : 0u);
-    }
-    wg_commit();
-  };
-  auto issue_pv = [&](uint32_t st) {
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < kTileKV / 16; ++ks) {
-      const uint32_t a[4] = {pr[4 * ks], pr[4 * ks + 1], pr[4 * ks + 2], pr[4 * ks + 3]};
-      MmaPV::rs(o, a, desc_mnmajor<kTileKV>(v_addr(st), ks), 1u);
-    }
-    wg_commit();
-  };
-  // Ping-pong among the consumer warpgroups (FA3's warp scheduler barriers; traits say per
-  // head_dim): a warpgroup issues its GEMMs of a step only after the previous one (cw - 1, in a
-  // ring) has issued its own, so each warpgroup's softmax runs while the others' GEMMs occupy
-  // the tensor cores. Named barrier kPingPongBarrier + cw is "warpgroup cw may issue"; each
-  // issue step waits on its own and then arrives on the next warpgroup's. The last warpgroup
-  // skips its last arrive and lets warpgroup 0 in first, so arrivals and waits pair up exactly
-  // (all run the same number of steps).
-  constexpr uint32_t kWGs = Traits::kConsumerWGs;
-  auto pp_wait = [&]() {
-    if constexpr (Traits::kPingPong) named_barrier(Traits::kPingPongBarrier + cw, 256);
-  };
-  auto pp_signal = [&](bool last) {
-    if constexpr (Traits::kPingPong) {
-      if (!(last && cw == kWGs - 1)) {
-        named_barrier_arrive(Traits::kPingPongBarrier + (cw + 1) % kWGs, 256);
-      }
-    }
-  };
-  // Paged: the stage was written by cp.async (generic proxy) and is read by wgmma (async
-  // proxy): a proxy fence after the barrier wait, before the reading wgmma is issued.
-  auto wait_full = [&](uint32_t bar_addr, uint32_t parity) {
-    mbar_wait(bar_addr, parity);
-    if constexpr (kGather) fence_proxy_async();
-  };
-  auto release = [&](uint32_t b) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(b);
-  };
-
-  // Masks, LogitsTransform and the online softmax of S for tile kt; scale[h] is the factor O
-  // must be multiplied by before P is added (applied by the caller once the P V in flight
-  // completes).
-  auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
-    constexpr bool kMask = decltype(mask_tag)::value;
-    const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);  // this thread's first column
-    (void)kv0;
-    float row_base[2] = {0.f, 0.f};
-    (void)row_base;
-    if constexpr (kLinearBias) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_base[h] = slope[h] * float(kv0 - origin[h]);
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int h = (i / 2) % 2;
-        s[i] = fmaf(slope[h], float(8 * (i / 4) + (i % 2)), s[i]);
-        if constexpr (!kSoftmax) s[i] += row_base[h];
-      }
-    }
-    if constexpr (kTanhCap) {
-      if (tanh_on) {
-#pragma unroll
-        for (int i = 0; i < kS; ++i) s[i] = math::ptx_tanh(s[i]);
-      }
-    }
-    if constexpr (kVarLogits || kMask) {
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int h = (i / 2) % 2;
-        const int32_t kv_idx = kv0 + 8 * (i / 4) + (i % 2);
-        float x = s[i];
-        bool keep = true;
-        if constexpr (kMask) {
-          keep = prefill::mask_keep<MASK>(kv_idx, kv_len, kv_len - qo_len + tok[h]);
-          if constexpr (kVarMask) {
-            keep = keep && hooks::logits_mask(variant, params, w.batch, uint32_t(tok[h]),
-                                              uint32_t(kv_idx), qo_head[h], kv_head);
-          }
-        }
-        if constexpr (kVarLogits) {
-          if (keep) {
-            x = prefill::logits_transform(variant, params, x, w.batch, uint32_t(tok[h]),
-                                          uint32_t(kv_idx), qo_head[h], kv_head);
-          }
-        }
-        if constexpr (kMask) x = keep ? x : (kSoftmax ? -math::inf : 0.f);
-        s[i] = x;
-      }
-    }
-    if constexpr (kSoftmax) {
-      // Row max and row sum, one dependent chain per row. With a fixed reference (LogitsRange)
-      // there is no max and no rescale.
-      scale[0] = scale[1] = 1.f;
-      if (!fixed_max) {
-        float mx[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) mx[h] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
-#pragma unroll
-        for (int i = 0; i < kS; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
-          if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          if (mx[h] > m[h] + kRescaleThreshold) {
-            scale[h] = math::ptx_exp2(m[h] - mx[h]);  // 0 when m was -inf
-            m[h] = mx[h];
-          }
-        }
-      }
-      float m_ref[2] = {lse::reference(m[0]), lse::reference(m[1])};
-      if constexpr (kLinearBias) {
-        m_ref[0] -= row_base[0];
-        m_ref[1] -= row_base[1];
-      }
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        const int h = (i / 2) % 2;
-        const float x = kTanhCap ? fmaf(s[i], logit_scale, -m_ref[h]) : s[i] - m_ref[h];
-        s[i] = math::ptx_exp2(x);
-        sum[h] += s[i];
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l[h] = l[h] * scale[h] + sum[h];
-    } else {
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < kS; ++i) sum[(i / 2) % 2] += s[i];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l[h] += sum[h];
-        scale[h] = 1.f;
-      }
-    }
-  };
-  auto rescale_o = [&](const float (&scale)[2]) {
-    if constexpr (kSoftmax) {
-      if (scale[0] != 1.f || scale[1] != 1.f) {
-#pragma unroll
-        for (int i = 0; i < kO; ++i) o[i] *= scale[(i / 2) % 2];
-      }
-    }
-  };
-  auto pack_p = [&]() {
-#pragma unroll
-    for (int j = 0; j < kS / 4; ++j) {
-      pr[2 * j] = ptx::pack2<DTypeKV>(s[4 * j], s[4 * j + 1]);
-      pr[2 * j + 1] = ptx::pack2<DTypeKV>(s[4 * j + 2], s[4 * j + 3]);
-    }
-  };
-
-  if (n_tiles > 0) {
-    if constexpr (Traits::kPingPong) {
-      if (cw == kWGs - 1) named_barrier_arrive(Traits::kPingPongBarrier, 256);
-    }
-    // ---- tile 0: S_0 only
-    {
-      pp_wait();
-      wait_full(full_k(g % kStages), (g / kStages) & 1u);
-      issue_qk(g % kStages);
-      pp_signal(false);
-      wg_wait<0>();
-      fence_regs(s);
-      release(empty_k(g % kStages));
-      float scale[2];
-      if (kt_begin >= free_a && kt_begin < free_b) {
-        softmax_tile(kt_begin, std::false_type{}, scale);
-      } else {
-        softmax_tile(kt_begin, std::true_type{}, scale);
-      }
-      rescale_o(scale);
-      pack_p();
-    }
-    // ---- tiles 1..n-1: S_j overlapped with P_{j-1} V_{j-1}
-    auto step = [&](int32_t j, auto mask_tag) {
-      const uint32_t gj = g + uint32_t(j);
-      const uint32_t st = gj % kStages, ph = (gj / kStages) & 1u;
-      const uint32_t sp = (gj - 1) % kStages, php = ((gj - 1) / kStages) & 1u;
-      pp_wait();
-      wait_full(full_k(st), ph);
-      issue_qk(st);
-      wait_full(full_v(sp), php);
-      issue_pv(sp);
-      pp_signal(false);
-      wg_wait<1>();
-      fence_regs(s);
-      release(empty_k(st));
-      float scale[2];
-      softmax_tile(kt_begin + j, mask_tag, scale);
-      wg_wait<0>();
-      fence_regs(o);
-      fence_regs(pr);
-      release(empty_v(sp));
-      rescale_o(scale);
-      pack_p();
-    };
-    int32_t j = 1;
-    for (; j < min(n_tiles, free_a - kt_begin); ++j) step(j, std::true_type{});
-    for (; j < min(n_tiles, free_b - kt_begin); ++j) step(j, std::false_type{});
-    for (; j < n_tiles; ++j) step(j, std::true_type{});
-    // ---- last P V
-    {
-      const uint32_t gl = g + uint32_t(n_tiles) - 1u;
-      const uint32_t sp = gl % kStages, php = (gl / kStages) & 1u;
-      pp_wait();
-      wait_full(full_v(sp), php);
-      issue_pv(sp);
-      pp_signal(true);
-      wg_wait<0>();
-      fence_regs(o);
-      fence_regs(pr);
-      release(empty_v(sp));
-    }
-  }
-
-  g += uint32_t(n_tiles);
-
-  // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
-  // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
-  reduce_row_sums(l);
-  if (w.splits > 1) {
-    store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
-                                     m, l);
-    continue;
-  }
-  named_barrier(1 + cw, 128);  // every warp's last Q K^T has read Q
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t r = cw * 64 + warp4 * 16 + lane / 4 + 8 * h;
-    const float inv = lse::inverse<kSoftmax>(l[h]);
-#pragma unroll
-    for (int j = 0; j < kO / 4; ++j) {
-      float y0 = o[4 * j + 2 * h] * inv, y1 = o[4 * j + 2 * h + 1] * inv;
-      y0 = hooks::output_transform(variant, params, y0, w.batch, uint32_t(tok[h]), qo_head[h]);
-      y1 = hooks::output_transform(variant, params, y1, w.batch, uint32_t(tok[h]), qo_head[h]);
-      *reinterpret_cast<uint32_t*>(smem + sw128<kTileQ>(r, j) + quad * 4) =
-          ptx::pack2<DTypeO>(y0, y1);
-    }
-    if (quad == 0 && params.lse != nullptr && tok[h] < qo_len) {
-      params.lse[(rq.q_row0 + tok[h]) * params.num_qo_heads + qo_head[h]] =
-          lse::natural<kSoftmax>(lse::weight<kSoftmax>(m[h], l[h]));
-    }
-  }
-  named_barrier(1 + cw, 128);
-  constexpr int kChunks = kD / 8;
-#pragma unroll 4
-  for (int it = 0; it < 64 * kChunks / 128; ++it) {
-    const uint32_t idx = it * 128 + ctid;
-    const uint32_t r = cw * 64 + idx / kChunks;
-    const uint32_t c = idx % kChunks;
-    const uint32_t p = p0 + r;
-    const int32_t token = int32_t(p / G);
-    if (token < qo_len) {
-      const uint32_t head = kv_head * G + p % G;
-      DTypeO* dst = params.o + (rq.q_row0 + token) * params.o_stride_n +
-                    int64_t(head) * params.o_stride_h + c * 8;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(smem + sw128<kTileQ>(r, c));
-    }
-  }
-  }  // blocks
+  // Consumer warpgroups: Q, the mainloop and the output of each block.
+  run_consumer<Traits, MASK, POS, PAGE_SIZE, kDynamic, Variant>(
+      params, part, num_blocks, smem, q_addr, sg, next_block, variant_smem, G, num_kv_heads, tid,
+      wg);
 #endif
 }
 

@@ -11,8 +11,10 @@
  *  - other page sizes (1): the 128 threads gather rows with 16-byte cp.async into the same
  *    swizzled layout, each arriving on the stage's full barrier when its copies land.
  *
- * The loops take the scheduler's closures (block_of, plan, next_block) and the stages' (StageRefs)
- * from the kernel (kernel.cuh), which keeps the SASS of the single-body kernel.
+ * run_producer dispatches the warpgroup's threads to one of them (and the dynamic order's
+ * scheduler thread to run_scheduler). The loops take the scheduler's closures (block_of, plan,
+ * next_block) and the stages' (StageRefs) from the kernel (kernel.cuh), which keeps the SASS of
+ * the single-body kernel.
  */
 #pragma once
 
@@ -25,6 +27,7 @@
 #include "flashgen/hopper/mbarrier.cuh"
 #include "flashgen/hopper/tma.cuh"
 #include "flashgen/hopper/tuning.cuh"
+#include "flashgen/hopper/wgmma.cuh"
 #include "flashgen/hopper/prefill/scheduler.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
 
@@ -256,6 +259,46 @@ __device__ __forceinline__ void load_gather(const Params& params,
       }
       mbar_cp_async_arrive(sg.full_v(s));
     }
+  }
+}
+
+/** The producer warpgroup's role (warpgroup 0, its registers cut to kProducerRegs): in the
+ *  dynamic order thread 32 is the scheduler thread (scheduler.cuh); the copies are issued by
+ *  warp 0 (paged TMA), the 128 threads (gather) or thread 0 (dense TMA), and the other threads
+ *  return at once. st: the CTA's storage (the paged tail barrier); ring, block_of, plan,
+ *  next_block, sched_full, sched_empty: the scheduler's (the kernel's closures); sg: the
+ *  stages'. */
+template <typename Traits, int PAGE_SIZE, bool kRope, bool kDynamic, typename Params,
+          typename Storage, typename BlockOf, typename Plan, typename NextBlock,
+          typename SchedFull, typename SchedEmpty, typename Stages>
+__device__ __forceinline__ void run_producer(
+    const Params& params, const KVTensorMaps& maps, const KVMapOrder& order_k,
+    const KVMapOrder& order_v, const PagedMapOrder& porder,
+    const typename Params::DTypeKV* rope_k, uint8_t* smem, uint32_t base, const Storage& st,
+    uint32_t num_blocks, uint32_t* block_counter, BlockSlot* ring, BlockOf& block_of, Plan& plan,
+    NextBlock& next_block, SchedFull& sched_full, SchedEmpty& sched_empty, const Stages& sg,
+    uint32_t tid) {
+  constexpr bool kPagedTma = hopper_paged_tma<Traits::kTileKV, PAGE_SIZE>();
+  constexpr bool kGather = PAGE_SIZE > 0 && !kPagedTma;
+  setmaxnreg_dec<Traits::kProducerRegs>();
+  if constexpr (kDynamic) {
+    if (tid == 32) {
+      run_scheduler(num_blocks, block_counter, ring, plan, sched_full, sched_empty);
+      return;
+    }
+  }
+  if constexpr (kPagedTma) {
+    if (tid < 32) {
+      load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
+                                               porder, num_blocks, block_of, plan, sg, tid);
+    }
+    return;
+  } else if constexpr (kGather) {
+    load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
+    return;
+  }
+  if (tid == 0) {
+    load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
   }
 }
 

@@ -68,5 +68,20 @@ __device__ __forceinline__ void run_scheduler(uint32_t num_blocks, uint32_t* blo
   }
 }
 
+/** Blocks of this CTA in a static order: one per round of gridDim.x blocks; round-robin (CTA c
+ *  takes c + r * grid) in the batch kernels, snake in single prefill (odd rounds reversed, so
+ *  the CTA that took the heaviest block of a round takes the lightest of the next: blocks come
+ *  heavy-first; it lets causal single prefill run persistent over few rounds, launch.cuh's
+ *  grid_ctas). */
+template <bool kSnake>
+__device__ __forceinline__ auto make_block_of() {
+  return [](uint32_t round) -> uint32_t {
+    const uint32_t c = (kSnake && (round & 1u))
+                           ? gridDim.x - 1u - blockIdx.x
+                           : blockIdx.x;
+    return round * gridDim.x + c;
+  };
+}
+
 }  // namespace hopper
 }  // namespace flashgen
