@@ -81,23 +81,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
     let t = Tree::new("toy");
     t.with_python_package();
     // A two-instance matrix whose AOT subset is one of them; two release archs, one with PTX.
-    t.edit(|v| {
-        let axes = &mut v["modules"]["toy"]["axes"];
-        for (i, values) in [
-            serde_json::json!(["f16"]),
-            serde_json::json!([32, 64]),
-            serde_json::json!([true]),
-            serde_json::json!(["sum"]),
-            serde_json::json!(["plain"]),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            axes[i]["values"] = values;
-        }
-        v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
-        v["release"] = serde_json::json!({"archs": ["8.0+PTX", "9.0a"]});
-    });
+    two_widths(&t, &["8.0+PTX", "9.0a"], serde_json::json!([]));
 
     let wheels = |args: &[&str]| -> Vec<std::path::PathBuf> {
         // An inherited arch list narrows a plain build, never a release.
@@ -112,12 +96,7 @@ fn a_release_is_a_core_wheel_and_one_kernel_wheel_per_release_arch() {
         stdout(&o).lines().map(std::path::PathBuf::from).collect()
     };
     let summary = |m: &Value| {
-        let widths: Vec<i64> = m["instances"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["params"]["width"].as_i64().unwrap())
-            .collect();
+        let widths = widths_of(m);
         let targets: Vec<String> = m["runs_on"]
             .as_array()
             .unwrap()
@@ -277,8 +256,19 @@ fn warm_fills_the_jit_cache_with_what_the_device_would_compile() {
     assert_usage_error(&o, &["--device-cc"]);
 }
 
-/// Sets the toy module's axes to one value each but `width` (32 and 64), and `release.exclude`.
-fn two_widths(t: &Tree, exclude: Value) {
+/// The `width` of each instance a manifest lists.
+fn widths_of(manifest: &Value) -> Vec<i64> {
+    manifest["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["params"]["width"].as_i64().unwrap())
+        .collect()
+}
+
+/// Sets the toy module's axes to one value each but `width` (32 and 64; the AOT subset is 64),
+/// the module's `release.exclude` and the release's `archs`.
+fn two_widths(t: &Tree, archs: &[&str], exclude: Value) {
     t.edit(|v| {
         let axes = &mut v["modules"]["toy"]["axes"];
         for (i, values) in [
@@ -295,7 +285,7 @@ fn two_widths(t: &Tree, exclude: Value) {
         }
         v["modules"]["toy"]["aot"] = serde_json::json!({"include": [{"width": [64]}]});
         v["modules"]["toy"]["release"] = serde_json::json!({ "exclude": exclude });
-        v["release"] = serde_json::json!({"archs": ["8.0"]});
+        v["release"] = serde_json::json!({ "archs": archs });
     });
 }
 
@@ -306,6 +296,7 @@ fn a_release_leaves_out_what_variants_json_excludes_and_says_why() {
     let reason = "width 32 is for experiments; its first use compiles it";
     two_widths(
         &t,
+        &["8.0"],
         serde_json::json!([{"where": {"width": [32]}, "reason": reason}]),
     );
     // list-variants shows which instances a release leaves out, with the reason.
@@ -344,13 +335,7 @@ fn a_release_leaves_out_what_variants_json_excludes_and_says_why() {
         .find(|p| p.to_string_lossy().contains("flashgen_kernels_sm80"))
         .expect("a kernel wheel for 8.0");
     let m = wheel_manifest(&kernels, "flashgen_kernels_sm80");
-    let widths: Vec<i64> = m["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["params"]["width"].as_i64().unwrap())
-        .collect();
-    assert_eq!(widths, [64], "only the instance in the release set");
+    assert_eq!(widths_of(&m), [64], "only the instance in the release set");
 
     // A release whose filters select only excluded instances builds nothing, and says so.
     let o = t
@@ -394,7 +379,7 @@ fn a_release_exclusion_names_its_field_when_it_is_wrong() {
         ),
     ] {
         let t = Tree::new("toy");
-        two_widths(&t, exclude);
+        two_widths(&t, &["8.0"], exclude);
         let o = t.run(&["list-variants"]);
         assert_usage_error(&o, &needles);
     }
