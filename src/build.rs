@@ -20,7 +20,7 @@ use crate::compile::{self, CompileInputs, Guard, Launcher, NvccCommand};
 use crate::error::UsageError;
 use crate::fingerprint::{self, SourceHasher};
 use crate::fsutil;
-use crate::host_once::{HostObjects, HostOnce};
+use crate::host_once::{HostObjects, HostOnce, Swap};
 use crate::instance::Instance;
 use crate::matrix::{HeaderPath, Matrix};
 use crate::records::{BuiltRow, Manifest, ToolchainRow};
@@ -860,7 +860,12 @@ impl<'m> Builder<'m> {
             return run(&steps).map(|took| (steps, took, None));
         };
         let later = !self.matrix.instance_archs(p.inst, &h.later).is_empty();
-        if let Some(kept) = h.objects.find(&p.inst.uri, host_key) {
+        let kept = h.objects.find(&p.inst.uri, host_key);
+        let swap = kept.as_ref().map(|_| h.objects.swap());
+        if swap == Some(Swap::No) && !later {
+            h.objects.forget(&p.inst.uri);
+        }
+        if let (Some(kept), Some(swap @ (Swap::Trusted | Swap::Check))) = (kept, swap) {
             let fatbin = dir.join(FATBIN_NAME);
             let inputs = self.compile_inputs(p);
             let steps = vec![
@@ -874,8 +879,37 @@ impl<'m> Builder<'m> {
                 h.objects.forget(&p.inst.uri);
             }
             match ran {
-                Ok(took) => return Ok((steps, took, None)),
+                Ok(took) if matches!(swap, Swap::Trusted) => return Ok((steps, took, None)),
+                // The run's first swap is built in one step too: the swapped bytes are trusted
+                // only if they are the one-step build's (the host object may one day depend on
+                // the target, e.g. with another nvcc).
+                Ok(took) => {
+                    let one_step = dir.join("one-step.so");
+                    let steps = self.build_steps(p, &one_step);
+                    let took = match run(&steps) {
+                        Ok(one) => took + one,
+                        Err(e) => {
+                            h.objects.unchecked();
+                            return Err(e);
+                        }
+                    };
+                    let swapped = std::fs::read(output).ok();
+                    let same = swapped.is_some() && swapped == std::fs::read(&one_step).ok();
+                    h.objects.checked(same, &p.inst.uri);
+                    let _ = std::fs::remove_file(object);
+                    std::fs::rename(&one_step, output).map_err(|e| {
+                        (
+                            format!("mv {} {}", one_step.display(), output.display()),
+                            e.to_string(),
+                            String::new(),
+                        )
+                    })?;
+                    return Ok((steps, took, None));
+                }
                 Err((cmd, status, stderr)) => {
+                    if matches!(swap, Swap::Check) {
+                        h.objects.unchecked();
+                    }
                     crate::ui::detail(format!(
                         "{}: the device code swap into its host object failed ({status}: {}; `{cmd}`); building it in one step",
                         p.inst.uri,

@@ -26,10 +26,15 @@
 //! warm cache would answer every architecture's compile, which the `-fatbin` step it cannot cache
 //! would undo; a distributing launcher would see the device work run here). A swap that fails for
 //! any reason falls back to the one-step build of that instance; `-v` says why.
+//!
+//! The identity is nvcc's to keep (a host object that read `__CUDA_ARCH_LIST__`, or another nvcc,
+//! would break it), so it is checked in every run: the run's first swap is also built in one step
+//! and compared ([`Swap::Check`]); until then no other swap runs, and where the bytes differ the
+//! one-step ones are stored and host-once is off for the rest of the run, with a warning.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
@@ -48,11 +53,66 @@ pub struct HostObjects {
     kept: Mutex<HashMap<String, (String, PathBuf)>>,
     /// Why host-once is off was said once (with `-v`) for this run.
     said_off: AtomicBool,
+    /// The run's check of its first swap against the one-step build: [`UNCHECKED`],
+    /// [`CHECKING`], [`SAME`] or [`DIFFERENT`].
+    check: AtomicU8,
+}
+
+const UNCHECKED: u8 = 0;
+const CHECKING: u8 = 1;
+const SAME: u8 = 2;
+const DIFFERENT: u8 = 3;
+
+/// Whether an instance whose host object was kept may be built by a swap now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swap {
+    /// The run's check found the swapped bytes equal to the one-step build's.
+    Trusted,
+    /// This swap is the run's check: build it in one step too, compare, and say
+    /// ([`HostObjects::checked`]).
+    Check,
+    /// Another compile is making the check, or it found other bytes: build without the swap.
+    No,
 }
 
 impl HostObjects {
-    /// The object kept for `uri` under `host_key`, if any.
+    /// Whether a swap may run now (the first one of the run is the check; see [`Swap`]).
+    pub fn swap(&self) -> Swap {
+        match self
+            .check
+            .compare_exchange(UNCHECKED, CHECKING, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Swap::Check,
+            Err(SAME) => Swap::Trusted,
+            Err(_) => Swap::No,
+        }
+    }
+
+    /// The check's answer for `uri`: with other bytes, host-once is off for the rest of the run
+    /// (and says so: the one-step bytes are what the cache keys).
+    pub fn checked(&self, same: bool, uri: &str) {
+        self.check
+            .store(if same { SAME } else { DIFFERENT }, Ordering::Release);
+        if !same {
+            crate::ui::warning(format!(
+                "{uri}: its device code swapped into the host object of another architecture does not give the one-step build's bytes with this toolchain; host code once per instance is off for the rest of this release (each architecture compiles in one step)"
+            ));
+        }
+    }
+
+    /// The check did not run to its end (its swap failed): the next swap makes it.
+    pub fn unchecked(&self) {
+        let _ =
+            self.check
+                .compare_exchange(CHECKING, UNCHECKED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The object kept for `uri` under `host_key`, if any (none once the check found other
+    /// bytes).
     pub fn find(&self, uri: &str, host_key: &str) -> Option<PathBuf> {
+        if self.check.load(Ordering::Acquire) == DIFFERENT {
+            return None;
+        }
         let kept = self.kept.lock().unwrap();
         match kept.get(uri) {
             Some((key, path)) if key == host_key => Some(path.clone()),

@@ -121,6 +121,12 @@ pub fn verbose() -> bool {
     VERBOSE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// What the user should know even without `-v`, from code that holds no [`Ui`] (the build goes
+/// on): a `warning:` line on stderr.
+pub fn warning(msg: impl AsRef<str>) {
+    eprintln!("warning: {}", msg.as_ref());
+}
+
 /// `-v` in this process: why the build took a path it took (a line on stderr).
 pub fn detail(msg: impl AsRef<str>) {
     if verbose() {

@@ -130,6 +130,8 @@ fn a_release_compiles_host_code_once_and_gives_the_one_step_bytes() {
     assert_eq!(ran(&log, "-c"), 1, "{log}");
     assert_eq!(ran(&log, "-fatbin"), 2, "{log}");
     assert_eq!(ran(&log, "--update-section"), 2, "{log}");
+    // The run's first swap was checked against its one-step build, and matched.
+    assert!(!log.contains("warning:"), "{log}");
     assert_eq!(sos.iter().map(BTreeMap::len).collect::<Vec<_>>(), [1, 2, 1]);
     let want = one_step_builds(&t);
     assert_same_bytes(&sos, &want);
@@ -178,6 +180,42 @@ fn without_objcopy_a_release_builds_each_architecture_in_one_step_with_the_same_
         "{log}"
     );
     assert_eq!(ran(&log, "-fatbin") + ran(&log, "-c"), 0, "{log}");
+    assert_same_bytes(&sos, &one_step_builds(&t));
+}
+
+#[test]
+fn a_swap_that_does_not_give_the_one_step_bytes_turns_host_once_off_for_the_run() {
+    let t = fixture();
+    // A toolchain whose swapped object would not be the one-step build's (as if the host object
+    // depended on the target): an objcopy that changes a byte of the fatbin it swaps in.
+    let bin = t.path("bin-other-bytes");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["g++", "gcc", "as", "ld"] {
+        std::os::unix::fs::symlink(tool_on_path(tool).expect(tool), bin.join(tool)).unwrap();
+    }
+    let objcopy = tool_on_path("objcopy").expect("objcopy on PATH");
+    let script = bin.join("objcopy");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in .nv_fatbin=*) \
+             printf '\\377' | dd of=\"${{a#.nv_fatbin=}}\" bs=1 seek=64 conv=notrunc 2>/dev/null;; \
+             esac; done\nexec {} \"$@\"\n",
+            objcopy.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut path = std::ffi::OsString::from(bin.as_os_str());
+    path.push(":/usr/bin:/bin");
+    let (log, sos) = release(&t, "build-other", "cache-other", Some(Path::new(&path)));
+    assert!(
+        log.contains("does not give the one-step build's bytes with this toolchain; host code once per instance is off for the rest of this release"),
+        "{log}"
+    );
+    // One swap, the check; the last architecture in one step; and the cache holds the one-step
+    // bytes.
+    assert_eq!(ran(&log, "--update-section"), 1, "{log}");
     assert_same_bytes(&sos, &one_step_builds(&t));
 }
 
