@@ -165,15 +165,8 @@ fn a_release_compiles_host_code_once_and_gives_the_one_step_bytes() {
 #[test]
 fn without_objcopy_a_release_builds_each_architecture_in_one_step_with_the_same_bytes() {
     let t = fixture();
-    // A PATH of the host toolchain but objcopy: g++ (nvcc's host compiler) and what it runs.
-    let bin = t.path("bin-without-objcopy");
-    std::fs::create_dir_all(&bin).unwrap();
-    for tool in ["g++", "gcc", "as", "ld"] {
-        let Some(found) = tool_on_path(tool) else {
-            panic!("no {tool} on PATH");
-        };
-        std::os::unix::fs::symlink(found, bin.join(tool)).unwrap();
-    }
+    // A PATH of the host toolchain but objcopy.
+    let bin = host_compiler_bin(&t, "bin-without-objcopy");
     let (log, sos) = release(&t, "build-fallback", "cache-fallback", Some(&bin));
     assert!(
         log.contains("host code once per instance is off (no objcopy beside the host compiler"),
@@ -188,11 +181,7 @@ fn a_swap_that_does_not_give_the_one_step_bytes_turns_host_once_off_for_the_run(
     let t = fixture();
     // A toolchain whose swapped object would not be the one-step build's (as if the host object
     // depended on the target): an objcopy that changes a byte of the fatbin it swaps in.
-    let bin = t.path("bin-other-bytes");
-    std::fs::create_dir_all(&bin).unwrap();
-    for tool in ["g++", "gcc", "as", "ld"] {
-        std::os::unix::fs::symlink(tool_on_path(tool).expect(tool), bin.join(tool)).unwrap();
-    }
+    let bin = host_compiler_bin(&t, "bin-other-bytes");
     let objcopy = tool_on_path("objcopy").expect("objcopy on PATH");
     let script = bin.join("objcopy");
     std::fs::write(
@@ -217,6 +206,20 @@ fn a_swap_that_does_not_give_the_one_step_bytes_turns_host_once_off_for_the_run(
     // bytes.
     assert_eq!(ran(&log, "--update-section"), 1, "{log}");
     assert_same_bytes(&sos, &one_step_builds(&t));
+}
+
+/// A folder `name` in the tree holding g++ (nvcc's host compiler) and what it runs, linked to
+/// PATH's, and no objcopy.
+fn host_compiler_bin(t: &Tree, name: &str) -> PathBuf {
+    let bin = t.path(name);
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["g++", "gcc", "as", "ld"] {
+        let Some(found) = tool_on_path(tool) else {
+            panic!("no {tool} on PATH");
+        };
+        std::os::unix::fs::symlink(found, bin.join(tool)).unwrap();
+    }
+    bin
 }
 
 fn tool_on_path(name: &str) -> Option<PathBuf> {
