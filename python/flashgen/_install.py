@@ -234,11 +234,12 @@ class AotPackage:
     """One package of precompiled kernels: flashgen's own ``_aot/``, or a release's kernel
     package (``flashgen_kernels_sm90a``, from its per-architecture wheel) beside it."""
 
-    __slots__ = ("name", "dir", "manifest", "_rows")
+    __slots__ = ("name", "root", "dir", "manifest", "_rows")
 
-    def __init__(self, name: str, folder: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, name: str, root: Path, manifest: dict[str, Any]) -> None:
         self.name = name
-        self.dir = folder
+        self.root = root  # the package folder
+        self.dir = root / layout("aot")
         self.manifest = manifest
         self._rows: dict[str, list[dict[str, Any]]] = {}
 
@@ -257,10 +258,7 @@ class AotPackage:
         return rows
 
     def _read_rows(self, module: str, count: Any) -> list[dict[str, Any]]:
-        package_dir = self.dir
-        for _ in Path(layout("aot")).parts:
-            package_dir = package_dir.parent
-        path = package_dir / _of_module(layout("manifest_rows"), module)
+        path = self.root / _of_module(layout("manifest_rows"), module)
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -311,19 +309,19 @@ def aot_packages() -> list[AotPackage]:
             found = []
             own = aot_manifest()
             if own is not None:
-                found.append(AotPackage(PACKAGE_DIR.name, aot_dir(), own))
+                found.append(AotPackage(PACKAGE_DIR.name, PACKAGE_DIR, own))
             version = (own or {}).get("flashgen_version")
             for k in kernel_packages():
                 name = k.get("package")
                 if not isinstance(name, str) or not name.isidentifier():
                     continue
-                folder = PACKAGE_DIR.parent / name / layout("aot")
+                root = PACKAGE_DIR.parent / name
                 try:
-                    data = json.loads((PACKAGE_DIR.parent / name / layout("manifest")).read_text())
+                    data = json.loads((root / layout("manifest")).read_text())
                 except (OSError, ValueError):
                     continue  # not installed (or unreadable): its extra is not there
                 if isinstance(data, dict) and data.get("flashgen_version") == version:
-                    found.append(AotPackage(name, folder, data))
+                    found.append(AotPackage(name, root, data))
             _packages_cache = found
     return _packages_cache
 
@@ -352,7 +350,7 @@ def aot_dir() -> Path:
 
 def aot_file(name: Any) -> Path:
     """The file a row of flashgen's own manifest names (see ``AotPackage.file``)."""
-    return AotPackage(PACKAGE_DIR.name, aot_dir(), {}).file(name)
+    return AotPackage(PACKAGE_DIR.name, PACKAGE_DIR, {}).file(name)
 
 
 def _reset_for_tests() -> None:

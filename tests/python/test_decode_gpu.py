@@ -207,8 +207,8 @@ def manifest():
     if not os.path.exists(path):
         pytest.skip(f"{path} missing: build instances with `flashgen build --out {SO_DIR}`")
     # A build folder's manifest holds its rows; a wheel's _aot/ keeps them in a file per module.
-    return whole_manifest(lambda rel: open(os.path.join(SO_DIR, "..", rel)).read()
-                          if rel != "_aot/manifest.json" else open(path).read())
+    # SO_DIR stands where a package keeps _aot/.
+    return whole_manifest(lambda rel: open(os.path.join(SO_DIR, os.path.relpath(rel, "_aot"))).read())
 
 
 @lru_cache(maxsize=None)
