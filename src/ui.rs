@@ -35,7 +35,7 @@ impl Ui {
     }
 
     pub fn warn(&self, msg: impl AsRef<str>) {
-        eprintln!("warning: {}", msg.as_ref());
+        warning(msg);
     }
 
     /// Progress over `total` compiles: a bar on a terminal, plain lines elsewhere.
