@@ -11,6 +11,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "flashgen/lse.cuh"
+#include "flashgen/math.cuh"
+
 namespace flashgen {
 namespace hooks {
 
@@ -46,6 +49,12 @@ using output_transform_call = decltype(std::declval<V&>().OutputTransform(
     std::declval<const P&>(), 0.f, uint32_t(), uint32_t(), uint32_t()));
 template <typename V, typename P>
 using has_output_transform = is_detected<output_transform_call, V, P>;
+
+template <typename V, typename P>
+using sink_logit_call = decltype(float(std::declval<V&>().SinkLogit(
+    std::declval<const P&>(), uint32_t(), uint32_t(), uint32_t())));
+template <typename V, typename P>
+using has_sink_logit = is_detected<sink_logit_call, V, P>;
 
 template <typename V, typename P>
 __device__ __forceinline__ float query_transform(V& v, const P& params, float q) {
@@ -88,6 +97,26 @@ __device__ __forceinline__ float output_transform(V& v, const P& params, float o
     return static_cast<float>(v.OutputTransform(params, out, batch_idx, qo_idx, qo_head_idx));
   } else {
     return out;
+  }
+}
+
+/**
+ * Finishes a softmax row with the variant's SinkLogit, where a kernel turns a whole row's
+ * running max m and denominator den (den = sum of 2^(logit - lse::reference(m))) into its output
+ * and LSE: m becomes the reference itself and den gains 2^(sink - m), so the row's output
+ * o / den and its LSE (m + log2 den) are those of one softmax over the logits and the sink. A
+ * row with no visible key (m = -inf, den = 0) gets reference 0, den = 2^sink: output 0, LSE
+ * the sink. Call it once per row, on the final state only: never on a split's partial (the
+ * merge adds it). Nothing at all for a variant without the hook.
+ */
+template <typename V, typename P>
+__device__ __forceinline__ void add_sink(V& v, const P& params, float& m, float& den,
+                                         uint32_t batch_idx, uint32_t qo_idx,
+                                         uint32_t qo_head_idx) {
+  if constexpr (has_sink_logit<V, P>::value) {
+    static_assert(V::use_softmax, "SinkLogit: only a softmax variant may have a sink");
+    m = lse::reference(m);
+    den += math::ptx_exp2(float(v.SinkLogit(params, batch_idx, qo_idx, qo_head_idx)) - m);
   }
 }
 

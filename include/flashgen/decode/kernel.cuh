@@ -219,6 +219,9 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
         den += c_d[w * kH + h];
       }
     }
+    // The variant's sink joins a whole row's denominator (a split's partial leaves it to the
+    // merge).
+    if (out.part_o == nullptr) hooks::add_sink(variant, params, m_ref, den, batch_idx, 0, head0 + h);
     const float value = lse::normalized<kSoftmax>(num, den);
     // Base-2 LSE for softmax; the plain sum of weights otherwise.
     const float weight = lse::weight<kSoftmax>(m_ref, den);

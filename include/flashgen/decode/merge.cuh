@@ -3,7 +3,8 @@
  *
  * Softmax partials are normalized outputs with their base-2 LSE: out = sum_s 2^(lse_s - M) o_s /
  * sum_s 2^(lse_s - M). Non-softmax partials are plain sums and add up. The variant's
- * OutputTransform runs here, on the final value, as it does in decode/kernel.cuh for one split.
+ * OutputTransform runs here, on the final value, as it does in decode/kernel.cuh for one split,
+ * and so does the variant's sink (hooks::add_sink), which no partial includes.
  */
 #pragma once
 
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
 
   Variant variant(params, batch_idx, variant_smem);
+  hooks::add_sink(variant, params, mg.ref, mg.den, batch_idx, 0, head);  // the splits left it out
   typename Params::DTypeO* o = out.o + batch_idx * out.o_stride_b + head * out.o_stride_h;
   for (uint32_t d = threadIdx.x; d < HEAD_DIM; d += kMergeThreads) {
     float num = 0.f;

@@ -518,6 +518,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (uint32_t r = 0; r < cluster; ++r) {
       detail::fma4(num, mg.add(w_in[r * kH + h]), o_in[r * per + i]);
     }
+    // A whole row (no portable merge after this kernel): the variant's sink joins it here.
+    if (part_o == nullptr) hooks::add_sink(variant, params, mg.ref, mg.den, 0, 0, head0 + h);
     const float inv = mg.inverse();
     const float value[4] = {num.x * inv, num.y * inv, num.z * inv, num.w * inv};
     const float weight = mg.weight();

@@ -632,6 +632,21 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     return;
   }
 
+  // A whole row: the variant's sink joins its denominator (a loop of its own, so that the
+  // epilogue of a variant without one stays as it was).
+  if constexpr (hooks::has_sink_logit<Variant, Params>::value) {
+#pragma unroll
+    for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
+        const int32_t token = row_token[r];
+        hooks::add_sink(variant, params, m[mq][h], l[mq][h], w.batch, uint32_t(token),
+                        kv_head * G + (p0 + r) - uint32_t(token) * G);
+      }
+    }
+  }
+
   // Final output: normalized, OutputTransform, staged in this warp's Q rows (only this warp
   // reads them), then 16-byte stores.
 #pragma unroll

@@ -5,7 +5,8 @@
  * the splits of a q tile are s_b consecutive unit slots of a ragged unit table and rows map to
  * (token, head) through the GQA packing, so the combine is the same math over another indexing:
  * out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) (softmax), plain sums otherwise; the
- * variant's OutputTransform runs here on the final value. One block per (unit slot, kv head);
+ * variant's OutputTransform and its sink (hooks::add_sink; no partial includes it) run here on
+ * the final value. One block per (unit slot, kv head);
  * blocks whose slot is not chunk 0 of a split tile exit at once (the grid is sized on the host).
  */
 #pragma once
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (uint32_t s = lane; s < w.splits; s += 32) mg.add(part.lse[row + s * slot_stride]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mg.den += __shfl_xor_sync(~0u, mg.den, off);
+    hooks::add_sink(variant, params, mg.ref, mg.den, w.batch, token, head);  // not in the partials
     float acc[kD / 32];
 #pragma unroll
     for (int j = 0; j < kD / 32; ++j) acc[j] = 0.f;

@@ -446,13 +446,17 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
 
     g += uint32_t(n_tiles);
 
-    // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else O / l,
-    // OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
+    // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else the variant's
+    // sink, O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.
     reduce_row_sums(l);
     if (w.splits > 1) {
       store_partials<Traits, kSoftmax>(part, unit, kv_head, num_kv_heads, cw, warp4, lane, quad, o,
                                        m, l);
       continue;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // a whole row: the variant's sink joins its denominator
+      hooks::add_sink(variant, params, m[h], l[h], w.batch, uint32_t(tok[h]), qo_head[h]);
     }
     store_output<Traits, kSoftmax>(params, variant, smem, w, rq, o, m, l, tok, qo_head, qo_len, p0,
                                    G, kv_head, cw, warp4, lane, quad, ctid);
