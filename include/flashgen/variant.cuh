@@ -9,6 +9,15 @@
  *   T    LogitsTransform(params, T logits, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx)
  *   bool LogitsMask(params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx)
  *   T    OutputTransform(params, T out, batch_idx, qo_idx, qo_head_idx)  on the final output
+ *   float SinkLogit(params, batch_idx, qo_idx, qo_head_idx)  softmax variants only, no default
+ *
+ * SinkLogit (an attention sink, as gpt-oss has): a logit in the units LogitsTransform returns
+ * (base 2: a natural-log sink times log2(e)) that joins each row's softmax denominator and brings
+ * no value, o = sum_j 2^(x_j) v_j / (2^sink + sum_j 2^(x_j)). The kernels add 2^(sink - max)
+ * once per row where they finalize it (never in a split-KV partial: the merge adds it), so the
+ * per-logit work is unchanged; the LSE they return is that of the whole denominator, sink
+ * included, and a row with no visible key has output 0 and LSE sink. AttentionVariantBase does
+ * not declare it: a variant has a sink only when it defines the hook (variant_hooks.cuh).
  *
  * The kernels add no scale of their own. With `use_softmax` the kernel takes exp2 of what
  * LogitsTransform returns (so a softmax variant returns logits times log2(e)) and normalizes;
