@@ -91,7 +91,15 @@ pub struct ParamDecl {
     pub name: String,
     #[serde(rename = "type")]
     pub c_type: String,
+    /// A pointer parameter's element count, named as a `shape` field of the module's args
+    /// (`PARAM_LENGTHS`): the loader checks that the tensor passed is 1-D of that field's value
+    /// in the call (where the module has the field). Absent: any size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<String>,
 }
+
+/// The sizes a pointer parameter's `len` may name: shape fields of every built-in module's args.
+pub const PARAM_LENGTHS: &[&str] = &["num_qo_heads"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

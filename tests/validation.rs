@@ -401,6 +401,44 @@ fn param_types_are_normalized_and_anything_else_is_refused() {
 }
 
 #[test]
+fn a_pointer_parameter_may_name_its_length_and_describe_exports_it() {
+    let o = refused(|c| {
+        c["variants"]["scaled"]["params"][0]["len"] = json!("num_qo_heads");
+    });
+    assert_usage_error(
+        &o,
+        &[
+            "variants.scaled.params[0].len",
+            "`len` is for pointer parameters; `scale` is a value",
+        ],
+    );
+    let o = refused(|c| {
+        c["variants"]["scaled"]["params"] =
+            json!([{"name": "table", "type": "const float*", "len": "kv_len"}]);
+    });
+    assert_usage_error(
+        &o,
+        &[
+            "variants.scaled.params[0].len",
+            "unknown length `kv_len`",
+            "`len` takes num_qo_heads",
+        ],
+    );
+    let t = Tree::new();
+    t.edit(|c| {
+        c["variants"]["scaled"]["params"] =
+            json!([{"name": "table", "type": "const float *", "len": "num_qo_heads"}])
+    });
+    let o = t.run(&["describe", "--json"]);
+    assert_success(&o);
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        d["variants"]["scaled"]["params"],
+        json!([{"name": "table", "type": "const float*", "len": "num_qo_heads"}])
+    );
+}
+
+#[test]
 fn describe_exports_the_whole_param_type_table() {
     let t = Tree::new();
     let o = t.run(&["describe"]);

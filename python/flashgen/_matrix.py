@@ -100,10 +100,12 @@ class Module(NamedTuple):
 
 
 class Param(NamedTuple):
-    """One additional parameter of a variant: its name and C type (``float``, ``const float*``)."""
+    """One additional parameter of a variant: its name and C type (``float``, ``const float*``);
+    ``len``, for a pointer, the args field that gives its tensor's length (``num_qo_heads``)."""
 
     name: str
     ctype: str
+    len: str | None = None
 
 
 class Instance(NamedTuple):
@@ -134,7 +136,7 @@ class Matrix:
         self.version: str = str(data["flashgen_version"])
         self.archs: tuple[str, ...] = tuple(data.get("archs", ()))
         self.variants: dict[str, tuple[Param, ...]] = {
-            name: tuple(Param(p["name"], p["type"]) for p in spec.get("params", ()))
+            name: tuple(Param(p["name"], p["type"], p.get("len")) for p in spec.get("params", ()))
             for name, spec in data.get("variants", {}).items()
         }
         self.modules: dict[str, Module] = {}

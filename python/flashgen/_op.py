@@ -162,7 +162,7 @@ class Plan:
 
     __slots__ = ("what", "module", "loaded", "fn", "args_type", "template", "tls", "pack", "packer",
                  "stream", "alloc", "ptr_of", "device", "ws_bytes", "dtype", "out_shape", "lse_shape",
-                 "guard")
+                 "guard", "sizes")
 
     def __init__(self, what: str, module: str, loaded: Any, fields: dict[str, Any],
                  packer: ParamPacker | None, fw: Any, alloc: Any, device: int, ws_bytes: int,
@@ -186,6 +186,7 @@ class Plan:
         self.out_shape = out_shape
         self.lse_shape = lse_shape
         self.guard = _cuda.needs_guard()
+        self.sizes = fields  # what a pointer parameter's ``len`` names
 
     def _bind(self) -> tuple[Any, int]:
         a = self.args_type.from_buffer_copy(self.template)
@@ -201,7 +202,7 @@ class Plan:
         if self.packer is not None:
             what = self.what
             params, keep = self.packer.pack(variant_params, what, device,
-                                            lambda x, n: describe(x, f"{what}: {n}"))
+                                            lambda x, n: describe(x, f"{what}: {n}"), self.sizes)
             ap = _addressof(params)
         stream = self.stream(device)
         if out is None:
@@ -346,7 +347,8 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
             raise ValueError(f"{what}: backend={backend!r}, but {spec.module} has one implementation "
                              "(its matrix declares no backend axis); leave backend unset")
         params[backend_axis] = backend  # checked against the device by the loader
-    packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
+    sizes = {name: sym[src] for name, src in spec.fields.items() if isinstance(src, str)}
+    packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"), sizes)  # checks them
     loaded = C.instance_for(what, spec.module, params, custom, device)
     alloc = allocator_for(fw)
     o = out if out is not None else alloc.empty(out_shape, dtype, device, what)

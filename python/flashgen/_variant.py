@@ -12,6 +12,7 @@ import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from ._matrix import Param
+from ._tensor import KDL_CUDA
 
 __all__ = ["Variant", "ParamPacker", "ctype_of"]
 
@@ -161,6 +162,7 @@ class _Field(NamedTuple):
     name: str
     ctype: Any
     pointee: str | None
+    length: str | None  # the args field its tensor's length must equal (Param.len)
 
 
 class ParamPacker:
@@ -168,7 +170,7 @@ class ParamPacker:
 
     def __init__(self, variant: str, params: Sequence[Param]) -> None:
         self.variant = variant
-        self.fields = tuple(_Field(p.name, *ctype_of(p.ctype)) for p in params)
+        self.fields = tuple(_Field(p.name, *ctype_of(p.ctype), p.len) for p in params)
         self.names = frozenset(f.name for f in self.fields)
         self.struct_type: Any = None
         if self.fields:
@@ -192,8 +194,9 @@ class ParamPacker:
             )
 
     def pack(self, kwargs: Mapping[str, Any], what: str, device: int,
-             describe: Any) -> tuple[Any, list[Any]]:
-        """(struct or None, objects to keep alive). ``describe(obj, name)`` reads a tensor."""
+             describe: Any, sizes: Mapping[str, int] | None = None) -> tuple[Any, list[Any]]:
+        """(struct or None, objects to keep alive). ``describe(obj, name)`` reads a tensor;
+        ``sizes`` holds the call's args fields that a pointer's ``len`` may name."""
         self.check_names(kwargs, what)
         if self.struct_type is None:
             return None, []
@@ -203,6 +206,11 @@ class ParamPacker:
             value = kwargs[f.name]
             if f.pointee is not None:
                 t = describe(value, f.name)
+                if t.device_type != KDL_CUDA:  # the kernel reads it through a device pointer
+                    raise ValueError(
+                        f"{what}: {f.name} is on {t.device}; pass it on the GPU, cuda:{device} "
+                        "(torch: .cuda())"
+                    )
                 if t.device_id != device:
                     raise ValueError(
                         f"{what}: {f.name} is on cuda:{t.device_id}, the other tensors on cuda:{device}"
@@ -211,6 +219,13 @@ class ParamPacker:
                     raise TypeError(f"{what}: {f.name} must be a {f.pointee} tensor, got {t.dtype}")
                 if not t.is_contiguous():
                     raise ValueError(f"{what}: {f.name} must be contiguous")
+                want = None if f.length is None or sizes is None else sizes.get(f.length)
+                if want is not None and tuple(t.shape) != (want,):
+                    raise ValueError(
+                        f"{what}: {f.name} must be 1-D with {f.length} = {want} values (one per "
+                        f"{'query head' if f.length == 'num_qo_heads' else f.length}), got shape "
+                        f"{list(t.shape)}"
+                    )
                 keep.append(value)
                 values.append(t.ptr)
             elif f.ctype in (ctypes.c_float, ctypes.c_double):

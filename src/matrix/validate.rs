@@ -453,10 +453,28 @@ fn check_variant(
                 .err(format!("unsupported C type `{}`", p.c_type.escape_debug()))
                 .with_hint(param_types::spellings_hint()));
         };
+        if let Some(len) = &p.len {
+            if ty.indirection == param_types::Indirection::Value {
+                return Err(ploc
+                    .field("len")
+                    .err(format!(
+                        "`len` is for pointer parameters; `{}` is a value",
+                        p.name
+                    ))
+                    .with_hint("drop `len`, or make the parameter a `const T*`"));
+            }
+            if !config::PARAM_LENGTHS.contains(&len.as_str()) {
+                return Err(ploc
+                    .field("len")
+                    .err(format!("unknown length `{}`", len.escape_debug()))
+                    .with_hint(format!("`len` takes {}", config::PARAM_LENGTHS.join(", "))));
+            }
+        }
         // The normalized spelling is what the header declares and `describe` exports.
         params.push(ParamDecl {
             name: p.name.clone(),
             c_type: ty.spelling(),
+            len: p.len.clone(),
         });
     }
     Ok(Variant {

@@ -278,22 +278,24 @@ FAKE_MATRIX: dict[str, Any] = {
     "variants": {
         "default": {"params": []},
         "soft_cap": {"params": [{"name": "logits_soft_cap", "type": "float"}]},
-        "alibi": {"params": [{"name": "alibi_slopes", "type": "const float*"}]},
+        "alibi": {"params": [{"name": "alibi_slopes", "type": "const float*", "len": "num_qo_heads"}]},
         "sliding_window": {"params": [{"name": "window_left", "type": "int32_t"}]},
+        "attention_sink": {"params": [{"name": "sinks", "type": "const float*", "len": "num_qo_heads"},
+                                      {"name": "window_left", "type": "int32_t"}]},
     },
     "modules": {
         "single_decode": {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
             {"name": "head_dim", "type": "int", "values": [64, 128]},
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
-            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
         ]},
         "batch_decode": {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
             {"name": "head_dim", "type": "int", "values": [64, 128, 256]},
             {"name": "page_size", "type": "int", "values": [1, 16]},
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
-            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
         ]},
         **{mod: {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
@@ -301,7 +303,7 @@ FAKE_MATRIX: dict[str, Any] = {
             *([{"name": "page_size", "type": "int", "values": [1, 16]}] if mod.endswith("paged") else []),
             {"name": "mask", "type": "enum", "values": ["none", "causal"]},
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
-            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window"]},
+            {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
         ]} for mod in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")},
     },
     "instances": [],
