@@ -636,14 +636,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // epilogue of a variant without one stays as it was).
   if constexpr (hooks::has_sink_logit<Variant, Params>::value) {
 #pragma unroll
-    for (int mq = 0; mq < kMmaQ; ++mq) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
-        const int32_t token = row_token[r];
-        hooks::add_sink(variant, params, m[mq][h], l[mq][h], w.batch, uint32_t(token),
-                        kv_head * G + (p0 + r) - uint32_t(token) * G);
-      }
+    for (int i = 0; i < 2 * kMmaQ; ++i) {  // the thread's rows (mq, h) = (i / 2, i % 2)
+      const uint32_t r = warp_row0 + (i / 2) * 16 + group + 8 * (i % 2);
+      const int32_t token = row_token[r];
+      hooks::add_sink(variant, params, m[i / 2][i % 2], l[i / 2][i % 2], w.batch, uint32_t(token),
+                      kv_head * G + (p0 + r) - uint32_t(token) * G);
     }
   }
 
