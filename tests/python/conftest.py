@@ -11,6 +11,7 @@
 - ``NO_JIT``: ``FLASHGEN_TEST_DISABLE_JIT=1`` runs every test with ``FLASHGEN_DISABLE_JIT=1``
   (the GPU suites against an installed release: nothing may compile at run time). A test that
   needs the JIT (a user variant) then checks ``JITDisabledError`` instead, through ``needs_jit``.
+- ``compile_ahead``: a GPU suite's instances built in parallel threads before its first test.
 """
 
 from __future__ import annotations
@@ -64,6 +65,38 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
+
+
+def compile_ahead(cache_dir: str, calls: list[tuple[str, Callable[[], Any]]]) -> list[str]:
+    """Run ``calls`` ((label, call): each loads or JIT-builds an instance) in parallel threads
+    (``FLASHGEN_TEST_JIT_THREADS``, default 16; the loader locks per instance, so different
+    instances build side by side) into ``cache_dir``, with the settings a test gets from this
+    file; returns a line per call that raised (the test that needs the instance reports it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = ("FLASHGEN_CACHE_DIR", *INHERITED_SETTINGS)
+    saved = {n: os.environ.pop(n, None) for n in names}
+    os.environ["FLASHGEN_CACHE_DIR"] = cache_dir
+    if NO_JIT:
+        os.environ["FLASHGEN_DISABLE_JIT"] = "1"
+    failed: list[str] = []
+
+    def one(item: tuple[str, Callable[[], Any]]) -> None:
+        try:
+            item[1]()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it (a skip included)
+            failed.append(f"{item[0]}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+
+    try:
+        with ThreadPoolExecutor(max_workers=int(os.environ.get("FLASHGEN_TEST_JIT_THREADS", "16"))) as ex:
+            list(ex.map(one, calls))
+    finally:
+        for n, val in saved.items():
+            if val is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = val
+    return failed
 
 
 def needs_jit(call: Callable[[], Any]) -> None:

@@ -74,7 +74,7 @@ if not all(hasattr(flashgen, name) for name in _API):
     pytest.skip("this flashgen has no prefill API yet (single_prefill, batch_prefill, batch_prefill_paged)",
                 allow_module_level=True)
 
-from conftest import FLASH_SIGMOID_PARAMS, INHERITED_SETTINGS, NO_JIT, flash_sigmoid_source, needs_jit  # noqa: E402
+from conftest import FLASH_SIGMOID_PARAMS, compile_ahead, flash_sigmoid_source, needs_jit  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
 torch.backends.cudnn.allow_tf32 = False
@@ -702,29 +702,9 @@ def _warm(_gpu_cache: str, request: pytest.FixtureRequest) -> None:
             keys.update(warm_keys(case))
     if not keys:
         return
-    names = ("FLASHGEN_CACHE_DIR", *INHERITED_SETTINGS)
-    saved = {n: os.environ.pop(n, None) for n in names}  # as conftest leaves them for a test
-    os.environ["FLASHGEN_CACHE_DIR"] = _gpu_cache
-    if NO_JIT:
-        os.environ["FLASHGEN_DISABLE_JIT"] = "1"
-    failed: list[str] = []
-
-    def one(key: tuple[Any, ...]) -> None:
-        try:
-            warm_call(key)
-        except BaseException as exc:  # noqa: BLE001 - the test reports it (a skip included)
-            failed.append(f"{key}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
-
+    ordered = sorted(keys, key=repr)
     t0 = time.perf_counter()
-    try:
-        with ThreadPoolExecutor(max_workers=int(os.environ.get("FLASHGEN_TEST_JIT_THREADS", "16"))) as ex:
-            list(ex.map(one, sorted(keys, key=repr)))
-    finally:
-        for n, val in saved.items():
-            if val is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = val
+    failed = compile_ahead(_gpu_cache, [(str(key), lambda key=key: warm_call(key)) for key in ordered])
     print(f"\nwarmed {len(keys)} call shapes in {time.perf_counter() - t0:.1f} s; {len(failed)} failed")
     for line in failed[:10]:
         print(f"  warm-up failed: {line}")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -42,7 +41,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import INHERITED_SETTINGS, NO_JIT  # noqa: E402
+from conftest import compile_ahead  # noqa: E402
 from test_api_gpu import gather_kv, make_paged  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
@@ -118,8 +117,17 @@ def randn(*shape: int, dtype: str, gen: Any) -> Any:
     return torch.randn(*shape, device=DEV, dtype=TORCH_DT[dtype], generator=gen)
 
 
-def seed_of(*key: Any) -> int:
-    return zlib.crc32(repr(key).encode())
+def start(*case: Any) -> tuple[Any, Any]:
+    """A test case's generator and sinks, seeded by the case (its first item names the test);
+    skips an sm90 case on another device."""
+    need(case[1])
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(repr(case).encode()))
+    return gen, make_sinks(zlib.crc32(case[0].encode()))
+
+
+# (backend, dtype, window_left) of a module with a backend axis.
+per_backend = pytest.mark.parametrize("backend, dtype, window_left",
+                                      [(b, d, w) for b in BACKENDS for d in DTYPES for w in WINDOWS])
 
 
 # ---- the instances, compiled up front ------------------------------------------------------------
@@ -155,31 +163,10 @@ def _gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm(_gpu_cache: str) -> None:
-    """Every instance this file calls, built in parallel threads before the first test (the
-    loader locks per instance); a failure here is left for the test that needs it to report."""
+    """Every instance this file calls, built before the first test (conftest.compile_ahead)."""
     from flashgen import _loader
 
-    names = ("FLASHGEN_CACHE_DIR", *INHERITED_SETTINGS)
-    saved = {n: os.environ.pop(n, None) for n in names}  # as conftest leaves them for a test
-    os.environ["FLASHGEN_CACHE_DIR"] = _gpu_cache
-    if NO_JIT:
-        os.environ["FLASHGEN_DISABLE_JIT"] = "1"
-
-    def one(item: tuple[str, dict[str, Any]]) -> None:
-        try:
-            _loader.load(*item)
-        except Exception:  # noqa: BLE001 - the test that needs it reports it
-            pass
-
-    try:
-        with ThreadPoolExecutor(max_workers=int(os.environ.get("FLASHGEN_TEST_JIT_THREADS", "16"))) as ex:
-            list(ex.map(one, instances()))
-    finally:
-        for n, val in saved.items():
-            if val is None:
-                os.environ.pop(n, None)
-            else:
-                os.environ[n] = val
+    compile_ahead(_gpu_cache, [(f"{m} {p}", lambda m=m, p=p: _loader.load(m, p)) for m, p in instances()])
 
 
 @pytest.fixture(autouse=True)
@@ -190,13 +177,9 @@ def _shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- decode ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("window_left", WINDOWS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@per_backend
 def test_single_decode(backend: str, dtype: str, window_left: int) -> None:
-    need(backend)
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("sd", backend, dtype, window_left))
-    sinks = make_sinks(1)
+    gen, sinks = start("single_decode", backend, dtype, window_left)
     sm_scale = 1 / math.sqrt(HEAD_DIM)
     for kv_len in (1, 300, 6000):  # 6000: split over the CTAs (a cluster on sm90) and merged
         q = randn(NUM_QO, HEAD_DIM, dtype=dtype, gen=gen)
@@ -212,8 +195,7 @@ def test_single_decode(backend: str, dtype: str, window_left: int) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_decode(dtype: str, window_left: int) -> None:
     """Two requests: 6000 tokens (a batch this small splits its KV) and 9 (a single page)."""
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("bd", dtype, window_left))
-    sinks = make_sinks(2)
+    gen, sinks = start("batch_decode", None, dtype, window_left)
     lens = [6000, 9]
     cache, indptr, indices, last = make_paged(lens, 16, HEAD_DIM, "NHD", TORCH_DT[dtype], gen)
     q = randn(len(lens), NUM_QO, HEAD_DIM, dtype=dtype, gen=gen)
@@ -229,14 +211,10 @@ def test_batch_decode(dtype: str, window_left: int) -> None:
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("window_left", WINDOWS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@per_backend
 def test_single_prefill(backend: str, dtype: str, window_left: int, causal: bool) -> None:
     """causal=False gives the same result: the variant's mask is causal itself."""
-    need(backend)
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("sp", backend, dtype, window_left, causal))
-    sinks = make_sinks(3)
+    gen, sinks = start("single_prefill", backend, dtype, window_left, causal)
     for qo_len, kv_len in ((100, 300), (16, 8192), (77, 77)):  # 16 x 8192: split-KV and its merge
         q = randn(qo_len, NUM_QO, HEAD_DIM, dtype=dtype, gen=gen)
         k = randn(kv_len, NUM_KV, HEAD_DIM, dtype=dtype, gen=gen)
@@ -253,13 +231,9 @@ def test_single_prefill(backend: str, dtype: str, window_left: int, causal: bool
 RAGGED = [(17, 300), (5, 0), (64, 30), (1, 1000), (40, 40)]
 
 
-@pytest.mark.parametrize("window_left", WINDOWS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@per_backend
 def test_batch_prefill_ragged(backend: str, dtype: str, window_left: int) -> None:
-    need(backend)
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("bp", backend, dtype, window_left))
-    sinks = make_sinks(4)
+    gen, sinks = start("batch_prefill", backend, dtype, window_left)
     qo = [a for a, _ in RAGGED]
     kv = [b for _, b in RAGGED]
     q = randn(sum(qo), NUM_QO, HEAD_DIM, dtype=dtype, gen=gen)
@@ -279,13 +253,9 @@ def test_batch_prefill_ragged(backend: str, dtype: str, window_left: int) -> Non
     torch.testing.assert_close(lse[empty], sinks[None].expand(RAGGED[1][0], -1), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("window_left", WINDOWS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@per_backend
 def test_batch_prefill_paged(backend: str, dtype: str, window_left: int) -> None:
-    need(backend)
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("pp", backend, dtype, window_left))
-    sinks = make_sinks(5)
+    gen, sinks = start("batch_prefill_paged", backend, dtype, window_left)
     reqs = [(33, 500), (1, 16), (70, 70), (9, 2000)]
     lens = [n for _, n in reqs]
     cache, kv_indptr, indices, last = make_paged(lens, 16, HEAD_DIM, "NHD", TORCH_DT[dtype], gen)
@@ -315,8 +285,7 @@ def _same(got: tuple[Any, Any], want: tuple[Any, Any], what: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_minus_inf_sink_is_sliding_window_and_default(backend: str) -> None:
-    need(backend)
-    gen = torch.Generator(device=DEV).manual_seed(seed_of("inf", backend))
+    gen, _ = start("minus_inf", backend)
     none = torch.full((NUM_QO,), float("-inf"), device=DEV)
     dt = "bf16"
     q1 = randn(NUM_QO, HEAD_DIM, dtype=dt, gen=gen)
