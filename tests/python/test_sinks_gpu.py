@@ -56,7 +56,6 @@ SM90 = torch.cuda.get_device_capability(0) == (9, 0)
 DTYPES = ["bf16", "f16"]
 WINDOWS = [-1, 7]
 BACKENDS = ["sm90", "portable"]
-PREFILL_MODULES = ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")
 
 
 def need(backend: str | None) -> None:
@@ -276,11 +275,13 @@ def test_batch_prefill_paged(backend: str, dtype: str, window_left: int) -> None
 
 
 def _same(got: tuple[Any, Any], want: tuple[Any, Any], what: str) -> None:
-    """Outputs within the dtype's tolerance of each other, LSEs within 1e-5 (-inf where no key)."""
+    """Outputs within bf16's tolerance of each other (the default variant's sm90 prefill takes
+    other tile shapes, so its P rounds at other references), LSEs within 1e-4 (the same logits,
+    summed in another order), -inf where no key."""
     (o, lse), (o2, lse2) = got, want
     err = ((o.float() - o2.float()).norm(dim=-1) / o2.float().norm(dim=-1).clamp_min(1e-20)).max().item()
-    assert err <= 1e-3, f"{what}: outputs differ by {err:.2e} (relative L2)"
-    torch.testing.assert_close(lse, lse2, atol=1e-5, rtol=0, msg=what)
+    assert err <= TOL["bf16"], f"{what}: outputs differ by {err:.2e} (relative L2)"
+    torch.testing.assert_close(lse, lse2, atol=1e-4, rtol=0, msg=what)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
