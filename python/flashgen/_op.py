@@ -365,8 +365,9 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
         C.check_out(what, "lse", ts["lse"], lse_shape, "f32", device)
         if not ts["lse"].is_contiguous():
             raise ValueError(f"{what}: lse must be contiguous, got strides {list(ts['lse'].strides)}")
-    packer, loaded = resolve_instance(spec, what, sym, dtype, options, variant, variant_params, backend,
-                                      device)
+    packer, params, custom = instance_params(spec, what, sym, dtype, options, variant, variant_params, backend,
+                                             device)
+    loaded = C.instance_for(what, spec.module, params, custom, device)
     alloc = allocator_for(fw)
     o = out if out is not None else alloc.empty(out_shape, dtype, device, what)
     to = ts["out"] if out is not None else alloc.describe(o, "out")
@@ -383,11 +384,11 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
     return plan, ptrs, to.ptr, o, ts["lse"].ptr if lse is not None else 0
 
 
-def resolve_instance(spec: Spec, what: str, sym: Mapping[str, int], dtype: str,
-                     options: Mapping[str, Any], variant: Any, variant_params: dict[str, Any],
-                     backend: str | None, device: int) -> tuple[ParamPacker, Any]:
-    """The variant's parameter packer (the parameters checked) and the loaded instance for a call
-    of ``spec`` with these sizes, dtype and options (built or loaded on first use)."""
+def instance_params(spec: Spec, what: str, sym: Mapping[str, int], dtype: str, options: Mapping[str, Any],
+                    variant: Any, variant_params: dict[str, Any], backend: str | None,
+                    device: int) -> tuple[ParamPacker, dict[str, Any], Variant | None]:
+    """The variant's parameter packer (the parameters checked), the instance's axis values and
+    the custom variant (or None) for a call of ``spec`` with these sizes, dtype and options."""
     vname, custom, packer = C.resolve_variant(what, spec.module, variant, variant_params)
     params: dict[str, Any] = {}
     for axis, src in spec.axes.items():
@@ -400,7 +401,7 @@ def resolve_instance(spec: Spec, what: str, sym: Mapping[str, int], dtype: str,
                              "(its matrix declares no backend axis); leave backend unset")
         params[backend_axis] = backend  # checked against the device by the loader
     packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"))  # checks them
-    return packer, C.instance_for(what, spec.module, params, custom, device)
+    return packer, params, custom
 
 
 def fill_fields(spec: Spec, layout: str, sym: Mapping[str, int],

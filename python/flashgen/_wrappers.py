@@ -181,8 +181,14 @@ class _Wrapper:
             check(what, sym)
         chosen, params = _variant(what, variant, window_left, logits_soft_cap, variant_params)
         options = spec.options(what, *option_values)
-        _, loaded = _op.resolve_instance(spec, what, sym, dtype, options, chosen, params, self._backend,
-                                         self._device)
+        _, axes, custom = _op.instance_params(spec, what, sym, dtype, options, chosen, params, self._backend,
+                                              self._device)
+        expect: dict[str, Any] = {s: v for s, v in sym.items() if s in ("Hq", "Hk", "D", "P")}
+        expect["dtype"] = dtype
+        # The batch is planned once its arguments pass their checks; a run() after a failure
+        # below (no GPU, a compile error, a small workspace) fails the same way.
+        self._planned = _Planned(index, chosen, params, sm_scale, option_values, expect)
+        loaded = C.instance_for(what, spec.module, axes, custom, self._device)
         if all(s in sym for s in spec.fields.values() if isinstance(s, str)):
             fields = _op.fill_fields(spec, self._layout, sym, lambda *_: 0, loaded, options, sm_scale)
             need = C.workspace_bytes(what, loaded, spec.module, fields)
@@ -190,9 +196,6 @@ class _Wrapper:
                 raise ValueError(f"{what}: this batch needs a workspace of {need} bytes but "
                                  f"workspace_buffer holds {self._workspace[1]}; construct the "
                                  "wrapper with a larger buffer")
-        expect: dict[str, Any] = {s: v for s, v in sym.items() if s in ("Hq", "Hk", "D", "P")}
-        expect["dtype"] = dtype
-        self._planned = _Planned(index, chosen, params, sm_scale, option_values, expect)
 
     def _run(self, data: tuple[Any, ...], out: Any, lse: Any, return_lse: bool) -> Output:
         p = self._planned

@@ -227,7 +227,8 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
-_DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64)}
+_DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64),
+           "u8": (1, 8)}
 
 
 class FakeCudaTensor:
