@@ -78,6 +78,23 @@ def bench_startup(env: dict[str, str]) -> None:
 
 # ----------------------------------------------------------------------------------- overhead
 
+def per_call(fn, n: int = 3000) -> float:
+    """Host seconds per call of ``fn`` (median of 7 rounds of n, after 200 warm-up calls)."""
+    import torch
+
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n)
+        torch.cuda.synchronize()
+    return statistics.median(rounds)
+
+
 def bench_overhead() -> None:
     import torch
 
@@ -122,19 +139,6 @@ def bench_overhead() -> None:
     def torch_op() -> None:
         torch.add(a, b, out=c)
 
-    def per_call(fn, n: int = 3000) -> float:
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        rounds = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            rounds.append((time.perf_counter() - t0) / n)
-            torch.cuda.synchronize()
-        return statistics.median(rounds)
-
     t_api, t_bare, t_torch = per_call(api), per_call(ctypes_call), per_call(torch_op)
     row("per call: flashgen.single_decode(out=)", f"{t_api * 1e6:.2f} us")
     row("per call: bare ctypes call of the same kernel (its entry point, prepared struct)",
@@ -172,19 +176,6 @@ def bench_wrapper_overhead() -> None:
     args.workspace, args.workspace_bytes = ws.data_ptr(), ws.numel()
     bare, addr = plan.fn, ctypes.addressof(args)
     assert bare(addr) == 0, plan.loaded.kernels.last_error()
-
-    def per_call(fn, n: int = 3000) -> float:
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        rounds = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            rounds.append((time.perf_counter() - t0) / n)
-            torch.cuda.synchronize()
-        return statistics.median(rounds)
 
     t_run = per_call(lambda: w.run(q, cache, out=o))
     t_fn = per_call(lambda: flashgen.batch_decode(q, cache, indptr, indices, last, out=o))
