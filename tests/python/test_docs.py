@@ -113,6 +113,7 @@ def _stand_in_torch() -> types.ModuleType:
     torch.Tensor = Tensor  # type: ignore[attr-defined]
     torch.float16, torch.bfloat16, torch.float32, torch.int32 = "f16", "bf16", "f32", "i32"  # type: ignore[attr-defined]
     torch.uint8 = "u8"  # type: ignore[attr-defined]
+    torch.bool = "bool"  # type: ignore[attr-defined]
 
     def randn(*shape: int, dtype: str = "f32", device: Any = None) -> _Tensor:
         return _Tensor(tuple(shape), dtype)
