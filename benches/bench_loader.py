@@ -5,6 +5,8 @@ Sections (default: all that can run here):
             creation excluded (GPU)                                   goal < 20 ms
   overhead  host time per tiny single_decode call, against a bare ctypes call of the same kernel
             and a bare torch op, in the same run (GPU)               goal < 5 us added
+  wrapper   host time per batch_decode call: BatchDecodeWithPagedKVCacheWrapper.run(), the
+            functional call and a bare ctypes call (GPU)        goal run() <= the functional call
   jit       cold JIT of one not-precompiled instance through the loader, against nvcc alone on
             the same command (no GPU needed: set FLASHGEN_CUDA_ARCH_LIST)
                                                                      goal < 5 % added
@@ -76,6 +78,23 @@ def bench_startup(env: dict[str, str]) -> None:
 
 # ----------------------------------------------------------------------------------- overhead
 
+def per_call(fn, n: int = 3000) -> float:
+    """Host seconds per call of ``fn`` (median of 7 rounds of n, after 200 warm-up calls)."""
+    import torch
+
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t0) / n)
+        torch.cuda.synchronize()
+    return statistics.median(rounds)
+
+
 def bench_overhead() -> None:
     import torch
 
@@ -120,19 +139,6 @@ def bench_overhead() -> None:
     def torch_op() -> None:
         torch.add(a, b, out=c)
 
-    def per_call(fn, n: int = 3000) -> float:
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        rounds = []
-        for _ in range(7):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            rounds.append((time.perf_counter() - t0) / n)
-            torch.cuda.synchronize()
-        return statistics.median(rounds)
-
     t_api, t_bare, t_torch = per_call(api), per_call(ctypes_call), per_call(torch_op)
     row("per call: flashgen.single_decode(out=)", f"{t_api * 1e6:.2f} us")
     row("per call: bare ctypes call of the same kernel (its entry point, prepared struct)",
@@ -140,6 +146,45 @@ def bench_overhead() -> None:
     row("per call: torch.add(out=) (bare torch op)", f"{t_torch * 1e6:.2f} us")
     row("added by the API over the bare kernel call", f"{(t_api - t_bare) * 1e6:.2f} us",
         f"over torch.add: {(t_api - t_torch) * 1e6:+.2f} us", "< 5 us")
+
+
+def bench_wrapper_overhead() -> None:
+    """batch_decode's host time per call: the engine wrapper's run(), the functional call and a
+    bare ctypes call of the same entry point with the same prepared struct."""
+    import torch
+
+    import flashgen
+
+    batch, pages = 4, 16
+    q = torch.randn(batch, 8, 128, dtype=torch.bfloat16, device="cuda")
+    cache = torch.randn(batch * pages, 2, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+    indptr = torch.arange(0, batch * pages + 1, pages, dtype=torch.int32, device="cuda")
+    indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
+    o = torch.empty_like(q)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    w = flashgen.BatchDecodeWithPagedKVCacheWrapper(ws)
+    w.plan(indptr, indices, last, 8, 8, 128, 16, q_data_type=torch.bfloat16)
+    w.run(q, cache, out=o)
+    (plan,) = w._plans.values()
+    # The bare peer: the planned struct with the call's pointers written in.
+    args = plan.args_type.from_buffer_copy(plan.template)
+    for name, value in (("q", q), ("paged_kv", cache), ("kv_indptr", indptr), ("kv_indices", indices),
+                        ("kv_last_page_len", last), ("o", o)):
+        setattr(args, name, value.data_ptr())
+    args.stream = torch.cuda.current_stream().cuda_stream
+    args.workspace, args.workspace_bytes = ws.data_ptr(), ws.numel()
+    bare, addr = plan.fn, ctypes.addressof(args)
+    assert bare(addr) == 0, plan.loaded.kernels.last_error()
+
+    t_run = per_call(lambda: w.run(q, cache, out=o))
+    t_fn = per_call(lambda: flashgen.batch_decode(q, cache, indptr, indices, last, out=o))
+    t_bare = per_call(lambda: bare(addr))
+    row("per call: BatchDecodeWithPagedKVCacheWrapper.run(out=)", f"{t_run * 1e6:.2f} us")
+    row("per call: flashgen.batch_decode(out=)", f"{t_fn * 1e6:.2f} us")
+    row("per call: bare ctypes call of the same batch_decode entry point", f"{t_bare * 1e6:.2f} us")
+    row("added by run() over the bare call", f"{(t_run - t_bare) * 1e6:.2f} us",
+        f"functional: {(t_fn - t_bare) * 1e6:.2f} us", "<= the functional call's")
 
 
 # ---------------------------------------------------------------------------------------- jit
@@ -234,15 +279,15 @@ def bench_wheel(env: dict[str, str]) -> None:
 
 
 def main() -> None:
-    sections = sys.argv[1:] or ["startup", "overhead", "jit", "wheel"]
+    sections = sys.argv[1:] or ["startup", "overhead", "wrapper", "jit", "wheel"]
     gpu = have_gpu()
     env = dict(os.environ)
     print(f"flashgen loader benchmarks ({'GPU' if gpu else 'no GPU'}): {' '.join(sections)}")
     for s in sections:
-        if s in ("startup", "overhead") and not gpu:
+        if s in ("startup", "overhead", "wrapper") and not gpu:
             print(f"  {s}: skipped (no GPU)")
             continue
-        {"startup": lambda: bench_startup(env), "overhead": bench_overhead,
+        {"startup": lambda: bench_startup(env), "overhead": bench_overhead, "wrapper": bench_wrapper_overhead,
          "jit": lambda: bench_jit(env, gpu), "wheel": lambda: bench_wheel(env)}[s]()
     print("\n| metric | flashgen | peer / ratio | goal |\n| --- | --- | --- | --- |")
     for r in ROWS:

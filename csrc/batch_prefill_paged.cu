@@ -37,16 +37,15 @@ struct BatchPrefillPaged {
     return check_shape(a);
   }
 
-  /** One instance: its params struct and variant, for the workspace query and the call. */
+  /** One instance: its params struct and its backend's kernels for its variant. */
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag,
             int BACKEND>
   struct Instance {
     using Params = BatchPrefillPagedParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    using Backend = PrefillBackend<BACKEND>;
+    using Backend = PrefillBackend<BACKEND, Tag>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
           a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,
           dev.sm_count);
     }
@@ -57,7 +56,7 @@ struct BatchPrefillPaged {
       prefill::fill_paged_kv(p, a);
       prefill::fill_packed_batch(p, a);
       p.page_size = static_cast<uint32_t>(a.page_size);
-      return Backend::template launch_paged<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(
+      return Backend::template launch_paged<HEAD_DIM, PAGE_SIZE, MASK, POS>(
           p, a.total_q, kv_rows<PAGE_SIZE>(a), a.workspace, a.workspace_bytes, dev,
           static_cast<cudaStream_t>(a.stream));
     }

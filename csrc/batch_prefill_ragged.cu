@@ -28,15 +28,14 @@ struct BatchPrefillRagged {
     return check_shape(a);
   }
 
-  /** One instance: its params struct and variant, for the workspace query and the call. */
+  /** One instance: its params struct and its backend's kernels for its variant. */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
   struct Instance {
     using Params = BatchPrefillRaggedParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    using Backend = PrefillBackend<BACKEND>;
+    using Backend = PrefillBackend<BACKEND, Tag>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
           a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
     }
 
@@ -46,7 +45,7 @@ struct BatchPrefillRagged {
       prefill::fill_contiguous_kv(p, a);
       prefill::fill_packed_batch(p, a);
       p.kv_indptr = a.kv_indptr;
-      return Backend::template launch_ragged<HEAD_DIM, MASK, POS, Variant>(
+      return Backend::template launch_ragged<HEAD_DIM, MASK, POS>(
           p, a.total_q, a.total_kv, a.workspace, a.workspace_bytes, dev,
           static_cast<cudaStream_t>(a.stream));
     }

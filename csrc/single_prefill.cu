@@ -31,15 +31,14 @@ struct SinglePrefill {
     return check_shape(a);
   }
 
-  /** One instance: its params struct and variant, for the workspace query and the call. */
+  /** One instance: its params struct and its backend's kernels for its variant. */
   template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
   struct Instance {
     using Params = SinglePrefillParams<DType, DType, DType>;
-    using Variant = typename Tag::template type<Params>;
-    using Backend = PrefillBackend<BACKEND>;
+    using Backend = PrefillBackend<BACKEND, Tag>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template single_workspace_bytes<HEAD_DIM, POS, Variant, Params>(
+      return Backend::template single_workspace_bytes<HEAD_DIM, POS, Params>(
           a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
     }
 
@@ -49,7 +48,7 @@ struct SinglePrefill {
       prefill::fill_contiguous_kv(p, a);
       p.qo_len = static_cast<uint32_t>(a.qo_len);
       p.kv_len = static_cast<uint32_t>(a.kv_len);
-      return Backend::template launch_single<HEAD_DIM, MASK, POS, Variant>(
+      return Backend::template launch_single<HEAD_DIM, MASK, POS>(
           p, a.workspace, a.workspace_bytes, dev, static_cast<cudaStream_t>(a.stream));
     }
   };

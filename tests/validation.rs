@@ -1026,6 +1026,14 @@ fn a_variant_parameter_named_like_a_core_field_is_refused() {
         );
     }
     assert!(run("my_scale").status.success());
+    // A module without a variant axis (merge_state) passes no variant parameters: its fields
+    // reserve no name, and describe does not list them.
+    for name in ["num_states_a", "v_a", "mask"] {
+        assert!(run(name).status.success(), "{name} is not reserved");
+    }
+    let reserved = real_describe()["reserved_params"].clone();
+    assert!(reserved.get("num_states_a").is_none(), "{reserved}");
+    assert!(!reserved.to_string().contains("merge_state"), "{reserved}");
     // The same in the project's variants.json.
     let t = tempfile::tempdir().unwrap();
     copy_dir(&repo().join("include"), &t.path().join("include"));

@@ -1,5 +1,5 @@
 /**
- * @brief The C entry points of a module, written once for all five (csrc/<module>.cu).
+ * @brief The C entry points of a module, written once for every module (csrc/<module>.cu).
  *
  * Each module exports, for its generated arguments struct FLASHGEN_ARGS (variants.json
  * modules.<module>.args):

@@ -16,33 +16,23 @@ constexpr float log2e = 1.4426950408889634f;  // log2(e): natural-log logits to 
 constexpr float ln2 = 0.6931471805599453f;    // ln(2): base-2 LSE back to natural log
 constexpr float inf = __builtin_huge_valf();
 
-/** 2^x, one MUFU instruction (flushes denormals; exact enough for softmax weights). */
-__device__ __forceinline__ float ptx_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// NAME(x): one MUFU instruction, INSTR, on one float.
+#define FLASHGEN_MUFU(NAME, INSTR)                 \
+  __device__ __forceinline__ float NAME(float x) { \
+    float y;                                       \
+    asm(INSTR " %0, %1;" : "=f"(y) : "f"(x));      \
+    return y;                                      \
+  }
 
-/** log2(x), one MUFU instruction. */
-__device__ __forceinline__ float ptx_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-/** 1/x, one MUFU instruction. */
-__device__ __forceinline__ float ptx_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-/** tanh(x) in one MUFU instruction (sm_75+); relative error about 2^-11. */
-__device__ __forceinline__ float ptx_tanh(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+/** 2^x (flushes denormals; exact enough for softmax weights). */
+FLASHGEN_MUFU(ptx_exp2, "ex2.approx.ftz.f32")
+/** log2(x). */
+FLASHGEN_MUFU(ptx_log2, "lg2.approx.ftz.f32")
+/** 1/x. */
+FLASHGEN_MUFU(ptx_rcp, "rcp.approx.ftz.f32")
+/** tanh(x) (sm_75+); relative error about 2^-11. */
+FLASHGEN_MUFU(ptx_tanh, "tanh.approx.f32")
+#undef FLASHGEN_MUFU
 
 /** tanh(x) to full float precision; costs a few more instructions than ptx_tanh. */
 __device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }

@@ -1,5 +1,5 @@
 /**
- * @brief The params structs of the five modules, which their kernels pass to variants (core
+ * @brief The params structs of the attention modules, which their kernels pass to variants (core
  * members + the variant's additional ones).
  *
  * The variant's additional parameters come from the generated ADDITIONAL_PARAMS_DECL

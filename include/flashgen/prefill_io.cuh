@@ -1,7 +1,6 @@
 /**
  * @brief What both prefill backends (the portable kernel, prefill/kernel.cuh, and the sm90 one,
- * hopper/prefill/) read and write alike: 8-value packing of 16-bit data, the query as a kernel
- * stages it (RoPE and the variant's QueryTransform applied), and the split-KV partials. Neutral: no backend's kernel is included here.
+ * hopper/prefill/) read and write alike: the query as a kernel stages it (RoPE and the variant's QueryTransform applied), and the split-KV partials. Neutral: no backend's kernel is included here.
  */
 #pragma once
 
@@ -17,27 +16,6 @@
 
 namespace flashgen {
 namespace prefill {
-
-/**
- * 8 packed 16-bit values <-> floats. `v` is taken by value on purpose: bound by reference to a
- * dereferenced global pointer (`*reinterpret_cast<const uint4*>(src)`), the element reads below
- * go to memory one by one (eight 2-byte loads per 16-byte chunk instead of one 16-byte load).
- */
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4 v, float (&x)[8]) {
-  const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
-}
-template <typename T>
-__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
-  uint4 v;
-  v.x = ptx::pack2<T>(x[0], x[1]);
-  v.y = ptx::pack2<T>(x[2], x[3]);
-  v.z = ptx::pack2<T>(x[4], x[5]);
-  v.w = ptx::pack2<T>(x[6], x[7]);
-  return v;
-}
 
 /**
  * The query as both prefill kernels stage it: 8-dim chunk c of row `token`, head `head` in each

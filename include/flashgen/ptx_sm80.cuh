@@ -82,29 +82,21 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 template <typename T>
 struct MmaOp;
 
-template <>
-struct MmaOp<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-template <>
-struct MmaOp<half> {
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+// One specialization: CTYPE the C++ dtype of A and B, PTYPE its PTX name.
+#define FLASHGEN_MMA_16816(CTYPE, PTYPE)                                              \
+  template <>                                                                         \
+  struct MmaOp<CTYPE> {                                                               \
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], \
+                                               uint32_t b0, uint32_t b1) {            \
+      asm("mma.sync.aligned.m16n8k16.row.col.f32." PTYPE "." PTYPE                    \
+          ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"              \
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                            \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));            \
+    }                                                                                 \
+  };
+FLASHGEN_MMA_16816(__nv_bfloat16, "bf16")
+FLASHGEN_MMA_16816(half, "f16")
+#undef FLASHGEN_MMA_16816
 
 /** c += A(16x16) * B(16x8), fp32 accumulation. */
 template <typename T>

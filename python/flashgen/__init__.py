@@ -8,6 +8,13 @@ Public API::
     flashgen.single_prefill(q, k, v, *, causal=False, pos_encoding="none", ...)
     flashgen.batch_prefill(q, qo_indptr, k, v, kv_indptr, *, causal=False, ...)
     flashgen.batch_prefill_paged(q, qo_indptr, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, ...)
+    flashgen.merge_state(v_a, s_a, v_b, s_b) -> (v, s)      # merge attention states by their LSE
+    flashgen.merge_state_in_place(v, s, v_other, s_other, mask=None)
+    flashgen.merge_states(v, s) -> (v, s)                   # [n, num_states, heads, head_dim]
+    # the engine-facing form: plan once per batch, run (CUDA-graph safe) over your workspace
+    w = flashgen.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    w.plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size)
+    o = w.run(q, paged_kv_cache)        # also BatchPrefillWith{Paged,Ragged}KVCacheWrapper
     flashgen.Variant(name, source, params=[("logits_scale", "float")])   # a custom variant
     flashgen.list_variants(module=None, **where)
     flashgen.is_precompiled(module, **params)
@@ -26,10 +33,16 @@ from __future__ import annotations
 from typing import Any
 
 from ._decode import batch_decode, single_decode
+from ._merge import merge_state, merge_state_in_place, merge_states
 from ._prefill import batch_prefill, batch_prefill_paged, single_prefill
 from ._errors import CompileError, FlashgenError, JITDisabledError, KernelError, NoGPUError
 from ._tensor import TensorLike
 from ._variant import Variant
+from ._wrappers import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+)
 
 __all__ = [
     "single_decode",
@@ -37,6 +50,12 @@ __all__ = [
     "single_prefill",
     "batch_prefill",
     "batch_prefill_paged",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
     "Variant",
     "TensorLike",
     "list_variants",

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._errors import NoGPUError
 
-__all__ = ["driver", "compute_capability", "device_count", "push_device", "pop_device"]
+__all__ = ["driver", "compute_capability", "device_count", "push_device", "pop_device", "call_on_device"]
 
 _CC_MAJOR = 75  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 _CC_MINOR = 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
@@ -145,3 +145,14 @@ def pop_device() -> None:
     lib = driver()
     old = ctypes.c_void_p()
     _check(lib, lib.cuCtxPopCurrent_v2(ctypes.byref(old)), "cuCtxPopCurrent")
+
+
+def call_on_device(device: int, fn: Any, arg: Any) -> Any:
+    """``fn(arg)`` with ``device``'s primary context current (pushed for the call when another
+    one is): a launch with several visible devices."""
+    pushed = push_device(device)
+    try:
+        return fn(arg)
+    finally:
+        if pushed:
+            pop_device()

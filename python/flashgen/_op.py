@@ -193,9 +193,12 @@ class Plan:
         s = self.tls.s = (a, _addressof(a))
         return s
 
-    def run(self, out: Any, o_ptr: int, variant_params: dict[str, Any], *ptrs: int) -> Any:
-        """Launch on the current stream with input addresses ``ptrs`` (in the struct's order) and
-        output ``out`` at ``o_ptr`` (allocated here when ``out`` is None)."""
+    def run(self, out: Any, o_ptr: int, lse: Any, lse_ptr: int, workspace: tuple[int, int] | None,
+            variant_params: dict[str, Any], *ptrs: int) -> Any:
+        """Launch on the current stream with input addresses ``ptrs`` (in the struct's order),
+        output ``out`` at ``o_ptr`` and, with ``return_lse``, ``lse`` at ``lse_ptr`` (each
+        allocated here when None). ``workspace``: the caller's (address, bytes), or None for the
+        stream's shared one (``_common.WORKSPACES``)."""
         device = self.device
         params = None
         ap = 0
@@ -208,19 +211,20 @@ class Plan:
         if out is None:
             out = self.alloc.empty(self.out_shape, self.dtype, device, self.what)
             o_ptr = self.ptr_of(out)
-        lse = None
-        lse_ptr = 0
-        if self.lse_shape is not None:
+        if self.lse_shape is not None and lse is None:
             lse = self.alloc.empty(self.lse_shape, "f32", device, self.what)
             lse_ptr = self.ptr_of(lse)
         try:
             a, addr = self.tls.s
         except AttributeError:
             a, addr = self._bind()
-        if self.ws_bytes:
+        held = None
+        if not self.ws_bytes:
+            ws, ws_size = 0, 0
+        elif workspace is None:
             held, ws, ws_size = C.WORKSPACES.acquire(self.alloc, device, stream, self.ws_bytes, self.what)
         else:
-            held, ws, ws_size = None, 0, 0
+            ws, ws_size = workspace
         try:
             self.pack(a, 0, *ptrs, o_ptr, lse_ptr, stream, ap, ws, ws_size)
             if self.guard:
@@ -238,7 +242,7 @@ class Plan:
         if status:
             self._fail(status)
         del params  # the additional params are read during the call only
-        return (out, lse) if lse is not None else out
+        return (out, lse) if self.lse_shape is not None else out
 
     def _fail(self, status: int) -> None:
         kern = self.loaded.kernels
@@ -254,17 +258,28 @@ _MAX_PLANS = 4096
 
 def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: str | Variant,
          sm_scale: float | None, return_lse: bool, option_values: tuple[Any, ...],
-         variant_params: dict[str, Any], backend: str | None = None) -> Any:
+         variant_params: dict[str, Any], backend: str | None = None, *,
+         plans: dict[tuple[Any, ...], Plan] | None = None, lse: Any = None,
+         workspace: tuple[int, int] | None = None, expect: Mapping[str, Any] | None = None,
+         what: str | None = None) -> Any:
     """Validate, find the instance, launch. ``tensors`` are the values of ``spec.inputs`` in
     order; ``option_values`` are the function's extra options (``causal``, ``pos_encoding``, RoPE
     parameters) as ``spec.options`` takes them; ``backend`` names the module's implementation
-    (None: the best one the device runs, chosen by the loader)."""
-    plans = _PLANS.get(spec.name)
+    (None: the best one the device runs, chosen by the loader).
+
+    The engine-facing wrappers (``_wrappers``) call this with their own ``plans`` cache, the
+    caller's ``workspace`` (address, bytes; None: the stream's shared one), an optional ``lse``
+    output, ``expect``: what their plan() declared (dimension symbols, ``"dtype"``), which the
+    tensors must match, and ``what``: the name errors give (default: the spec's function)."""
     if plans is None:
-        plans = _PLANS[spec.name] = {}
+        plans = _PLANS.get(spec.name)
+        if plans is None:
+            plans = _PLANS[spec.name] = {}
+    if lse is not None:
+        return_lse = True
     key = None
     tt = _torch_type[0] if _torch_type else _torch_tensor_type()
-    if tt is not None and (out is None or out.__class__ is tt):
+    if tt is not None and (out is None or out.__class__ is tt) and (lse is None or lse.__class__ is tt):
         parts: list[Any] = []
         ptrs: list[int] = []
         add_part, add_ptr = parts.append, ptrs.append
@@ -279,18 +294,25 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
                 break
         else:
             okey = None if out is None else (out.shape, out.stride(), out.dtype, out.get_device())
-            key = (tuple(parts), okey, kv_layout, variant, sm_scale, return_lse, option_values,
+            lkey = None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.get_device())
+            key = (tuple(parts), okey, lkey, kv_layout, variant, sm_scale, return_lse, option_values,
                    tuple(variant_params) if variant_params else (), backend)
             try:
                 plan = plans.get(key)
             except TypeError:  # an unhashable argument: the checked path reports it
                 plan = key = None
             if plan is not None:
-                return plan.run(out, 0 if out is None else out.data_ptr(), variant_params, *ptrs)
+                return plan.run(out, 0 if out is None else out.data_ptr(), lse,
+                                0 if lse is None else lse.data_ptr(), workspace, variant_params, *ptrs)
     options = spec.options(spec.name, *option_values)
-    plan, ptrs, o_ptr, out = _plan(spec, tensors, out, kv_layout, variant, sm_scale, return_lse, options,
-                                   variant_params, backend)
-    res = plan.run(out, o_ptr, variant_params, *ptrs)
+    plan, ptrs, o_ptr, out, lse_ptr = _plan(spec, tensors, out, lse, kv_layout, variant, sm_scale,
+                                            return_lse, options, variant_params, backend, expect,
+                                            what or spec.name)
+    if workspace is not None and workspace[1] < plan.ws_bytes:
+        raise ValueError(f"{plan.what}: this call needs a workspace of {plan.ws_bytes} bytes but the "
+                         f"wrapper's workspace_buffer holds {workspace[1]}; construct it with a "
+                         "larger buffer")
+    res = plan.run(out, o_ptr, lse, lse_ptr, workspace, variant_params, *ptrs)
     if key is not None:
         if len(plans) >= _MAX_PLANS:
             plans.clear()
@@ -309,10 +331,10 @@ def _torch_tensor_type() -> Any:
     return tt
 
 
-def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: Any,
+def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str, variant: Any,
           sm_scale: float | None, return_lse: bool, options: Mapping[str, Any],
-          variant_params: dict[str, Any], backend: str | None = None) -> tuple[Plan, list[int], int, Any]:
-    what = spec.name
+          variant_params: dict[str, Any], backend: str | None, expect: Mapping[str, Any] | None,
+          what: str) -> tuple[Plan, list[int], int, Any, int]:
     inputs = [t.field or t.name for t in spec.inputs]
     if inputs != list(call_fields(spec.module)[:len(inputs)]):  # pragma: no cover - a spec bug
         raise AssertionError(f"{what}: inputs {inputs} are not the leading per-call fields of "
@@ -320,7 +342,8 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
     layout = C.check_layout(what, kv_layout) if spec.uses_layout else "*"
     named = {t.name: v for t, v in zip(spec.inputs, tensors)}
     named["out"] = out
-    optional = tuple(t.name for t in spec.inputs if t.optional) + ("out",)
+    named["lse"] = lse
+    optional = tuple(t.name for t in spec.inputs if t.optional) + ("out", "lse")
     ts, fw, device = C.read_tensors(what, named, optional)
     bound = _Bound(what, layout)
     attn = [t.name for t in spec.inputs if t.kind == "attn"]
@@ -330,12 +353,43 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
     dtype = C.check_dtypes(what, ts, attn + ["out"])
     C.check_int32(what, ts, [t.name for t in spec.inputs if t.kind == "i32" and t.name in ts])
     sym = bound.finish()
+    if expect:
+        _check_expected(what, expect, sym, bound.by, dtype)
     for check in spec.checks:
         check(what, sym)
     C.check_last_dim_contiguous(what, ts, attn + ["out"])
     out_shape = tuple(sym[s] for s in spec.out)
     if out is not None:
         C.check_out(what, "out", ts["out"], out_shape, dtype, device)
+    lse_shape = tuple(sym[s] for s in spec.lse) if return_lse else None
+    if lse is not None and lse_shape is not None:
+        C.check_out(what, "lse", ts["lse"], lse_shape, "f32", device)
+        if not ts["lse"].is_contiguous():
+            raise ValueError(f"{what}: lse must be contiguous, got strides {list(ts['lse'].strides)}")
+    packer, params, custom = instance_params(spec, what, sym, dtype, options, variant, variant_params, backend,
+                                             device)
+    loaded = C.instance_for(what, spec.module, params, custom, device)
+    alloc = allocator_for(fw)
+    o = out if out is not None else alloc.empty(out_shape, dtype, device, what)
+    to = ts["out"] if out is not None else alloc.describe(o, "out")
+    described = dict(ts, o=to)
+
+    def stride(tensor: str, dims: tuple[str, ...], symbol: str) -> int:
+        return described[tensor].strides[dims.index(symbol)]
+
+    fields = fill_fields(spec, layout, sym, stride, loaded, options, sm_scale)
+    ws_bytes = C.workspace_bytes(what, loaded, spec.module, fields)
+    plan = Plan(what, spec.module, loaded, fields, packer, fw, alloc, device, ws_bytes, dtype,
+                out_shape, lse_shape)
+    ptrs = [ts[t.name].ptr if t.name in ts else 0 for t in spec.inputs]
+    return plan, ptrs, to.ptr, o, ts["lse"].ptr if lse is not None else 0
+
+
+def instance_params(spec: Spec, what: str, sym: Mapping[str, int], dtype: str, options: Mapping[str, Any],
+                    variant: Any, variant_params: dict[str, Any], backend: str | None,
+                    device: int) -> tuple[ParamPacker, dict[str, Any], Variant | None]:
+    """The variant's parameter packer (the parameters checked), the instance's axis values and
+    the custom variant (or None) for a call of ``spec`` with these sizes, dtype and options."""
     vname, custom, packer = C.resolve_variant(what, spec.module, variant, variant_params)
     params: dict[str, Any] = {}
     for axis, src in spec.axes.items():
@@ -347,21 +401,24 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
             raise ValueError(f"{what}: backend={backend!r}, but {spec.module} has one implementation "
                              "(its matrix declares no backend axis); leave backend unset")
         params[backend_axis] = backend  # checked against the device by the loader
-    sizes = {name: sym[src] for name, src in spec.fields.items() if isinstance(src, str)}
+    # The sizes a pointer parameter's ``len`` may name (a wrapper's plan() may not know them all).
+    sizes = {name: sym[src] for name, src in spec.fields.items() if isinstance(src, str) and src in sym}
     packer.pack(variant_params, what, device, lambda x, n: describe(x, f"{what}: {n}"), sizes)  # checks them
-    loaded = C.instance_for(what, spec.module, params, custom, device)
-    alloc = allocator_for(fw)
-    o = out if out is not None else alloc.empty(out_shape, dtype, device, what)
-    to = ts["out"] if out is not None else alloc.describe(o, "out")
-    described = dict(ts, o=to)
+    return packer, params, custom
+
+
+def fill_fields(spec: Spec, layout: str, sym: Mapping[str, int],
+                stride: Callable[[str, tuple[str, ...], str], int], loaded: Any,
+                options: Mapping[str, Any], sm_scale: float | None) -> dict[str, Any]:
+    """The arguments struct's shape fields: sizes by symbol, ``stride(tensor, its dims, symbol)``,
+    the instance's runtime codes, the options that are fields, and the softmax scale."""
     struct_fields = {f["name"] for f in args_decl(spec.module)["shape"]}
     fields: dict[str, Any] = {}
     for name, src in spec.fields.items():
         if isinstance(src, Stride):
-            td = described[src.tensor]
             dims = spec.out if src.tensor == "o" else next(
                 x for x in spec.inputs if x.name == src.tensor).dims_for(layout)
-            fields[name] = td.strides[dims.index(src.symbol)]
+            fields[name] = stride(src.tensor, dims, src.symbol)
         elif isinstance(src, str):
             fields[name] = sym[src]
         else:
@@ -373,12 +430,19 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant:
         if name in struct_fields:
             fields[name] = value
     fields["sm_scale"] = C.default_sm_scale(sym["D"], sm_scale)
-    ws_bytes = C.workspace_bytes(what, loaded, spec.module, fields)
-    lse_shape = tuple(sym[s] for s in spec.lse) if return_lse else None
-    plan = Plan(what, spec.module, loaded, fields, packer, fw, alloc, device, ws_bytes, dtype,
-                out_shape, lse_shape)
-    ptrs = [ts[t.name].ptr if t.name in ts else 0 for t in spec.inputs]
-    return plan, ptrs, to.ptr, o
+    return fields
+
+
+def _check_expected(what: str, expect: Mapping[str, Any], sym: Mapping[str, int],
+                    bound_by: Mapping[str, str], dtype: str) -> None:
+    """The tensors of a wrapper's run() against what its plan() was given."""
+    for s, want in expect.items():
+        got = dtype if s == "dtype" else sym.get(s)
+        if got != want:
+            name = SYMBOLS.get(s, s)
+            source = "q" if s == "dtype" else bound_by.get(s, "the tensors")
+            raise ValueError(f"{what}: {source} has {name} {got} but plan() was given {want}; "
+                             "call plan() again for this shape")
 
 
 def _reset_for_tests() -> None:

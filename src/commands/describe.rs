@@ -2,6 +2,7 @@
 
 use crate::arch::Arch;
 use crate::c_ident;
+use crate::config::AxisKind;
 use crate::matrix::Matrix;
 use crate::param_types;
 use crate::records::{
@@ -42,12 +43,10 @@ pub fn describe(matrix: &Matrix) -> Describe {
             .collect(),
         param_types: param_types::rows(),
         reserved_words: c_ident::KEYWORDS.to_vec(),
-        reserved_params: crate::matrix::core_fields(
-            matrix
-                .modules
-                .iter()
-                .map(|m| (m.name.as_str(), m.args.as_ref())),
-        ),
+        reserved_params: crate::matrix::core_fields(matrix.modules.iter().map(|m| {
+            let variants = m.axes.iter().any(|a| a.kind == AxisKind::Variant);
+            (m.name.as_str(), m.args.as_ref(), variants)
+        })),
         max_uri_bytes: crate::matrix::MAX_URI_LEN,
         modules: matrix
             .modules

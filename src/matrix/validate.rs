@@ -41,11 +41,10 @@ pub(super) fn matrix(
     for (i, inc) in file.includes.iter().enumerate() {
         resolve_inside(&root, "include", inc).map_err(|m| at(format!("includes[{i}]")).err(m))?;
     }
-    let core = core_fields(
-        file.modules
-            .iter()
-            .map(|(m, decl)| (m.as_str(), decl.args.as_ref())),
-    );
+    let core = core_fields(file.modules.iter().map(|(m, decl)| {
+        let variants = decl.axes.iter().any(|a| a.kind == AxisKind::Variant);
+        (m.as_str(), decl.args.as_ref(), variants)
+    }));
     let mut variants = Vec::new();
     let mut params = ParamUnion::default();
     for (name, decl) in file.variants.iter() {
@@ -491,12 +490,14 @@ fn check_variant(
 /// entry point copies into the params struct a variant reads (include/flashgen/params.cuh; a test
 /// holds that header to this list). A variant parameter of the same name would be a member of the
 /// struct's base that the core member hides: the kernel would silently read its own value. The
-/// one list: `describe` exports it as `reserved_params` for the loader's `Variant`.
+/// one list: `describe` exports it as `reserved_params` for the loader's `Variant`. Each module
+/// comes with whether it has a variant axis: one without (merge_state) passes no variant
+/// parameters, so its fields reserve nothing.
 pub fn core_fields<'a>(
-    modules: impl Iterator<Item = (&'a str, Option<&'a config::ArgsDecl>)>,
+    modules: impl Iterator<Item = (&'a str, Option<&'a config::ArgsDecl>, bool)>,
 ) -> indexmap::IndexMap<String, Vec<String>> {
     let mut out: indexmap::IndexMap<String, Vec<String>> = indexmap::IndexMap::new();
-    for (module, args) in modules {
+    for (module, args, _) in modules.filter(|&(_, _, variants)| variants) {
         for arg in args.iter().flat_map(|a| a.call.iter().chain(&a.shape)) {
             let mods = out.entry(arg.name.clone()).or_default();
             if !mods.iter().any(|m| m == module) {

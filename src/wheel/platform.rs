@@ -267,31 +267,41 @@ mod tests {
         decide(&needs(list), "x86_64").unwrap().tag
     }
 
+    /// Each row: the symbol versions the binaries need, and the tag they must get.
+    fn assert_tags(rows: &[(&[(&str, &str)], &str)]) {
+        for (list, want) in rows {
+            assert_eq!(tag(list), *want, "{list:?}");
+        }
+    }
+
     #[test]
     fn nothing_needed_gives_the_baseline() {
-        assert_eq!(tag(&[]), "manylinux_2_17_x86_64");
-        assert_eq!(
-            tag(&[("libc.so.6", "GLIBC_2.2.5")]),
-            "manylinux_2_17_x86_64"
-        );
+        assert_tags(&[
+            (&[], "manylinux_2_17_x86_64"),
+            (&[("libc.so.6", "GLIBC_2.2.5")], "manylinux_2_17_x86_64"),
+        ]);
     }
 
     #[test]
     fn the_newest_glibc_version_sets_the_tag() {
-        let t = tag(&[
-            ("libc.so.6", "GLIBC_2.2.5"),
-            ("libm.so.6", "GLIBC_2.29"),
-            ("libc.so.6", "GLIBC_2.14"),
+        assert_tags(&[
+            (
+                &[
+                    ("libc.so.6", "GLIBC_2.2.5"),
+                    ("libm.so.6", "GLIBC_2.29"),
+                    ("libc.so.6", "GLIBC_2.14"),
+                ],
+                "manylinux_2_29_x86_64",
+            ),
+            (
+                &[("ld-linux-x86-64.so.2", "GLIBC_2.3")],
+                "manylinux_2_17_x86_64",
+            ),
+            (
+                &[("libc.so.6", "GLIBC_ABI_DT_RELR")],
+                "manylinux_2_36_x86_64",
+            ),
         ]);
-        assert_eq!(t, "manylinux_2_29_x86_64");
-        assert_eq!(
-            tag(&[("ld-linux-x86-64.so.2", "GLIBC_2.3")]),
-            "manylinux_2_17_x86_64"
-        );
-        assert_eq!(
-            tag(&[("libc.so.6", "GLIBC_ABI_DT_RELR")]),
-            "manylinux_2_36_x86_64"
-        );
     }
 
     #[test]
@@ -311,21 +321,20 @@ mod tests {
             r.notes.iter().any(|n| n.contains("GLIBCXX_3.4.30")),
             "{r:?}"
         );
-        assert_eq!(
-            tag(&[
-                ("libc.so.6", "GLIBC_2.28"),
-                ("libstdc++.so.6", "GLIBCXX_3.4.21")
-            ]),
-            "manylinux_2_28_x86_64"
-        );
-        assert_eq!(
-            tag(&[("libgcc_s.so.1", "GCC_7.0.0")]),
-            "manylinux_2_27_x86_64"
-        );
-        assert_eq!(
-            tag(&[("libstdc++.so.6", "CXXABI_FLOAT128")]),
-            "manylinux_2_24_x86_64"
-        );
+        assert_tags(&[
+            (
+                &[
+                    ("libc.so.6", "GLIBC_2.28"),
+                    ("libstdc++.so.6", "GLIBCXX_3.4.21"),
+                ],
+                "manylinux_2_28_x86_64",
+            ),
+            (&[("libgcc_s.so.1", "GCC_7.0.0")], "manylinux_2_27_x86_64"),
+            (
+                &[("libstdc++.so.6", "CXXABI_FLOAT128")],
+                "manylinux_2_24_x86_64",
+            ),
+        ]);
     }
 
     #[test]

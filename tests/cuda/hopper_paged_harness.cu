@@ -69,8 +69,6 @@ int main(int argc, char** argv) {
   bool tests = true, benches = true;
   parse_args(argc, argv, tests, benches, &g_reps, "--seq-pages", &g_seq_pages);
   print_device();
-  using namespace prefill;
-  constexpr int C = kMaskCausal, N = kMaskNone, R = kPosRopeLlama, Z = kPosNone;
 #ifdef HOPPER_BENCH_ONLY
   tests = false;
 #else

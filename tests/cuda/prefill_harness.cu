@@ -106,8 +106,6 @@ int main(int argc, char** argv) {
   bool tests = true, benches = true;
   parse_args(argc, argv, tests, benches);
   print_device();
-  using namespace prefill;
-  constexpr int C = kMaskCausal, N = kMaskNone, R = kPosRopeLlama, Z = kPosNone;
 #if defined(PREFILL_D128_BENCH_ONLY) || defined(PREFILL_BENCH_ONLY) || \
     defined(PREFILL_VARIANT_BENCH_ONLY)
   tests = false;

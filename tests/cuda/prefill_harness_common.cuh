@@ -31,6 +31,10 @@ static int g_failures = 0;
 
 enum Kind { kSingle = 0, kRagged = 1, kPaged = 2 };
 
+// The case lists' shorthand for the mask and position-encoding codes.
+constexpr int C = prefill::kMaskCausal, N = prefill::kMaskNone, R = prefill::kPosRopeLlama,
+              Z = prefill::kPosNone;
+
 // ---------------------------------------------------------------- host helpers
 
 template <typename T>

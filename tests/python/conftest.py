@@ -61,7 +61,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     yield
     for name in ("flashgen._install", "flashgen._matrix", "flashgen._loader", "flashgen._common", "flashgen._op",
-                 "flashgen._variant"):
+                 "flashgen._variant", "flashgen._merge"):
         mod = sys.modules.get(name)
         if mod is not None:
             mod._reset_for_tests()  # type: ignore[attr-defined]
@@ -260,7 +260,8 @@ _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
-_DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64)}
+_DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64),
+           "u8": (1, 8), "bool": (6, 8)}
 
 
 class FakeCudaTensor:
@@ -338,6 +339,9 @@ FAKE_MATRIX: dict[str, Any] = {
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
             {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
         ]} for mod in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")},
+        "merge_state": {"entry_points": [], "axes": [  # no variant axis, no backend axis
+            {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},
+        ]},
     },
     "instances": [],
     "reserved_words": ["class", "float", "int", "struct", "template"],
@@ -369,7 +373,8 @@ def _fill_fake_instances() -> None:
                 codes = {a["name"]: (params[a["name"]] if a["type"] == "int" else a["values"].index(params[a["name"]]))
                          for a in axes}
                 FAKE_MATRIX["instances"].append({"uri": uri, "module": mod, "params": dict(params),
-                                                 "codes": codes, "aot": params["variant"] == "default"})
+                                                 "codes": codes,
+                                                 "aot": params.get("variant", "default") == "default"})
                 return
             for v in axes[i]["values"]:
                 rec(i + 1, {**params, axes[i]["name"]: v})

@@ -112,6 +112,8 @@ def _stand_in_torch() -> types.ModuleType:
 
     torch.Tensor = Tensor  # type: ignore[attr-defined]
     torch.float16, torch.bfloat16, torch.float32, torch.int32 = "f16", "bf16", "f32", "i32"  # type: ignore[attr-defined]
+    torch.uint8 = "u8"  # type: ignore[attr-defined]
+    torch.bool = "bool"  # type: ignore[attr-defined]
 
     def randn(*shape: int, dtype: str = "f32", device: Any = None) -> _Tensor:
         return _Tensor(tuple(shape), dtype)
@@ -121,7 +123,19 @@ def _stand_in_torch() -> types.ModuleType:
     torch.tensor = lambda data, dtype="f32", device=None: _Tensor((len(data),), dtype)  # type: ignore[attr-defined]
     torch.arange = lambda n, dtype="i64", device=None: _Tensor((n,), dtype)  # type: ignore[attr-defined]
     torch.full = lambda shape, value, dtype="f32", device=None: _Tensor(tuple(shape), dtype)  # type: ignore[attr-defined]
+    torch.empty = lambda n, dtype="f32", device=None: _Tensor((n,), dtype)  # type: ignore[attr-defined]
     return torch
+
+
+def _calls_a_wrapper(stmt: ast.stmt, namespace: dict[str, Any]) -> bool:
+    """Whether the statement calls a method of a flashgen object (a wrapper's plan() or run())."""
+    for node in ast.walk(stmt):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)):
+            obj = namespace.get(node.func.value.id)
+            if obj is not None and type(obj).__module__.startswith("flashgen."):
+                return True
+    return False
 
 
 @pytest.mark.parametrize("doc", EXAMPLE_DOCS)
@@ -145,7 +159,7 @@ def test_examples_pass_every_check_up_to_the_gpu(doc: str, flashgen_bin: Path,
     reached = 0
     for stmt in program.body:
         code = compile(ast.Module(body=[stmt], type_ignores=[]), doc, "exec")
-        calls_flashgen = any(True for _ in _flashgen_calls(stmt))
+        calls_flashgen = any(True for _ in _flashgen_calls(stmt)) or _calls_a_wrapper(stmt, namespace)
         try:
             exec(code, namespace)
         except _ReachedGPU:

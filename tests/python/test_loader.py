@@ -766,7 +766,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch, fake_matrix: Any) -> Any:
                 time.sleep(0)  # let other threads run between the caller's writes and this read
                 a = args_type.from_address(addr)
                 rec = {name: getattr(a, name) for name, _ in args_type._fields_}
-                ap = rec["additional_params"]
+                ap = rec.get("additional_params")  # a module without variants has none
                 rec["params"] = ctypes.c_float.from_address(ap).value if ap else None
                 rec["addr"] = addr
                 calls.append(rec)

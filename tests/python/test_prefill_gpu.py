@@ -95,7 +95,7 @@ CUSTOM = "user_flash_sigmoid"  # the RFC's FlashSigmoid (tests/python/custom_var
 SIGMOID_LIKE = ("sigmoid", CUSTOM)
 HKV = 2                        # kv heads; qo heads = HKV * group
 HEAD_DIMS = (64, 128, 256)
-PAGE_SIZES = (1, 16)
+PAGE_SIZES = (1, 16, 32, 64)
 ROPE_SETTINGS = [(1e4, 1.0), (5e5, 8.0)]  # (rope_theta, rope_scale): Llama 2 and Llama 3 style
 
 # ---------------------------------------------------------------- case matrix (plain functions)

@@ -83,16 +83,25 @@ inline prefill::SinglePlan plan_single(int64_t qo_len, int64_t kv_len, int64_t n
   return p;
 }
 
-/** The RoPE pre-pass (prefill/rope_k.cuh's kernel `rk`) over `rows` key rows into `out`, the
- *  rotated copy in the workspace; `dependent`: a programmatic dependent launch (it follows the
- *  prep kernel). Nothing for no rows. */
-template <int HEAD_DIM, typename Kernel, typename Params, typename DType>
-inline int launch_rope_k(const char* what, Kernel rk, const Params& p, DType* out, int64_t rows,
-                         bool dependent, const DeviceInfo& dev, cudaStream_t stream) {
-  if (rows <= 0) return FLASHGEN_OK;
-  const int64_t items = rows * p.num_kv_heads * (HEAD_DIM / 16);
-  return launch(what, rk, dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0,
-                stream, dependent, p, out, rows);
+/** With RoPE (POS), the pre-pass (prefill/rope_k.cuh's kernel for the params kind) over `rows`
+ *  key rows into `region`, the rotated copy in the workspace, which *rope_k then points at
+ *  (nullptr without RoPE); `dependent`: a programmatic dependent launch (it follows the prep
+ *  kernel). Nothing is launched for no rows. */
+template <int HEAD_DIM, int POS, int PAGE_SIZE, typename Params, typename DType>
+inline int rotate_keys(const char* what, const Params& p, uint8_t* region, int64_t rows,
+                       bool dependent, const DeviceInfo& dev, cudaStream_t stream,
+                       const DType** rope_k) {
+  *rope_k = nullptr;
+  if constexpr (POS == prefill::kPosRopeLlama) {
+    DType* out = reinterpret_cast<DType*>(region);
+    *rope_k = out;
+    if (rows <= 0) return FLASHGEN_OK;
+    const int64_t items = rows * p.num_kv_heads * (HEAD_DIM / 16);
+    return launch(what, prefill::rope_k_kernel<HEAD_DIM, PAGE_SIZE>(p),
+                  dim3(prefill::rope_blocks(items, dev)), prefill::kRopeThreads, 0, stream,
+                  dependent, p, out, rows);
+  }
+  return FLASHGEN_OK;
 }
 
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
@@ -173,18 +182,13 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
   const int64_t rows = p.kv_len > 0 ? int64_t(p.kv_len) : 1;  // a map needs a non-empty tensor
   KVTensorMaps maps;
   KVMapOrder order_k, order_v;
-  const DType* rope_k = nullptr;
-  if constexpr (POS == prefill::kPosRopeLlama) {
-    DType* rotated = reinterpret_cast<DType*>(base + plan.ws.rope_off);
-    rope_k = rotated;
-    auto rk = prefill::rope_k_single_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                            typename Params::DTypeO>;
-    if (int st = launch_rope_k<HEAD_DIM>("single_prefill rope_k kernel", rk, p, rotated,
-                                         int64_t(p.kv_len), false, dev, stream)) {
-      return st;
-    }
-    if (p.kv_len > 0) first = false;
+  const DType* rope_k;
+  if (int st = rotate_keys<HEAD_DIM, POS, 0>("single_prefill rope_k kernel", p,
+                                             base + plan.ws.rope_off, int64_t(p.kv_len), false,
+                                             dev, stream, &rope_k)) {
+    return st;
   }
+  if (POS == prefill::kPosRopeLlama && p.kv_len > 0) first = false;
   if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
                                                               &order_v)) {
     return st;
@@ -233,19 +237,33 @@ inline int64_t batch_prefill_workspace_bytes(int64_t total_q, int64_t kv_rows, i
       .total;
 }
 
+/** A batch call's workspace: its plan (L), where it lies (base) and the unit table the prep
+ *  kernel wrote. */
+struct BatchWorkspace {
+  prefill::WorkspaceLayout L;
+  uint8_t* base;
+  int4* table;
+  prefill::Partials partials() const {
+    return {reinterpret_cast<float*>(base + L.part_o_off),
+            reinterpret_cast<float*>(base + L.part_lse_off)};
+  }
+  /** The dynamic block order's counter. */
+  uint32_t* counter() const { return reinterpret_cast<uint32_t*>(base + L.counter_off); }
+};
+
 /** A batch call's workspace plan, checked against `ws`, and its prep kernel (the unit table;
  *  the dynamic order's counter zeroed). */
 template <typename Traits, int MASK, int POS, typename Params>
 inline int prepare_batch(const char* what, const char* prep_what, const Params& p,
                          int64_t total_q, int64_t kv_rows, void* ws, int64_t ws_bytes,
-                         const DeviceInfo& dev, cudaStream_t stream,
-                         prefill::WorkspaceLayout* L, int4** table) {
-  *L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size, p.num_qo_heads, p.num_kv_heads,
-                               dev.sm_count);
-  if (int st = prefill::check_ws(what, ws, ws_bytes, L->total)) return st;
-  uint8_t* base = static_cast<uint8_t*>(ws);
-  return prefill::launch_batch_prep<Traits, MASK>(
-      prep_what, p, *L, base, stream, reinterpret_cast<uint32_t*>(base + L->counter_off), table);
+                         const DeviceInfo& dev, cudaStream_t stream, BatchWorkspace* w) {
+  w->L = plan_batch<Traits, POS>(total_q, kv_rows, p.batch_size, p.num_qo_heads,
+                                 p.num_kv_heads, dev.sm_count);
+  if (int st = prefill::check_ws(what, ws, ws_bytes, w->L.total)) return st;
+  w->base = static_cast<uint8_t*>(ws);
+  w->table = nullptr;
+  return prefill::launch_batch_prep<Traits, MASK>(prep_what, p, w->L, w->base, stream,
+                                                  w->counter(), &w->table);
 }
 
 /** The merge kernel after a batch call's prefill kernel (split units' partials). */
@@ -258,128 +276,123 @@ inline int launch_batch_merge(const char* what, const Params& p,
                 prefill::kMergeThreads, 0, stream, true, p, sched, part);
 }
 
-template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
-int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
-                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
+/** What a batch kernel takes of K and V: the tensor maps and their dimension orders and, paged,
+ *  the rotated keys its producer reads (RoPE) and the page pool map's order. */
+template <typename DType>
+struct BatchKVMaps {
+  KVTensorMaps maps{};
+  KVMapOrder order_k{true}, order_v{true};
+  const DType* paged_rope_k = nullptr;
+  PagedMapOrder paged_order{};
+};
+
+/** Ragged: maps over k (or the rotated keys) and v, as single prefill's. */
+template <typename Traits, int HEAD_DIM, int POS, int PAGE_SIZE, typename DType, typename Q,
+          typename K, typename O>
+inline int make_batch_kv_maps(const BatchPrefillRaggedParams<Q, K, O>& p, const DType* rope_k,
+                              int64_t kv_rows, BatchKVMaps<DType>* kv) {
+  return make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(
+      p, rope_k, kv_rows > 0 ? kv_rows : 1, &kv->maps, &kv->order_k, &kv->order_v);
+}
+
+/** Paged, TMA (hopper_paged_tma): maps.k is the 5-D map of the page pool (K and V by the k/v
+ *  coordinate), maps.v the dense map of the rotated keys (RoPE). Other page sizes: the producer
+ *  gathers rows, no maps. */
+template <typename Traits, int HEAD_DIM, int POS, int PAGE_SIZE, typename DType, typename Q,
+          typename K, typename O>
+inline int make_batch_kv_maps(const BatchPrefillPagedParams<Q, K, O>& p, const DType* rope_k,
+                              int64_t kv_rows, BatchKVMaps<DType>* kv) {
+  kv->paged_rope_k = rope_k;
+  if constexpr (hopper_paged_tma<Traits::kTileKV, PAGE_SIZE>()) {
+    if (int st = make_paged_map(&kv->maps.k, &kv->paged_order, p.paged_kv, p.num_kv_heads,
+                                HEAD_DIM, PAGE_SIZE, p.kv_stride_page, p.kv_stride_kv,
+                                p.kv_stride_n, p.kv_stride_h)) {
+      return st;
+    }
+    if constexpr (POS == prefill::kPosRopeLlama) {
+      if (int st = make_kv_map(&kv->maps.v, &kv->order_v, rope_k, kv_rows > 0 ? kv_rows : 1,
+                               p.num_kv_heads, HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM,
+                               int64_t(HEAD_DIM), Traits::kTileKV)) {
+        return st;
+      }
+      kv->order_k = kv->order_v;  // the kernel reads both the same here
+    }
+  }
+  return FLASHGEN_OK;
+}
+
+/** The names a batch call gives its kernels in its errors. */
+struct BatchKernelNames {
+  const char *prep, *rope_k, *prefill, *merge;
+};
+
+/** A batch call `what` whose inputs were checked (ragged: PAGE_SIZE 0): prep kernel, [rope_k],
+ *  the prefill kernel over the unit table, merge. */
+template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
+int launch_batch(const char* what, const BatchKernelNames& names, const Params& p,
+                 int64_t total_q, int64_t kv_rows, void* ws, int64_t ws_bytes,
+                 const DeviceInfo& dev, cudaStream_t stream) {
   using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
   static_assert(sizeof(DType) == 2, "16-bit K/V");
+  BatchWorkspace w;
+  if (int st = prepare_batch<Traits, MASK, POS>(what, names.prep, p, total_q, kv_rows, ws,
+                                                ws_bytes, dev, stream, &w)) {
+    return st;
+  }
+  const DType* rope_k;
+  if (int st = rotate_keys<HEAD_DIM, POS, PAGE_SIZE>(names.rope_k, p, w.base + w.L.rope_off,
+                                                     kv_rows, true, dev, stream, &rope_k)) {
+    return st;
+  }
+  BatchKVMaps<DType> kv;
+  if (int st = make_batch_kv_maps<Traits, HEAD_DIM, POS, PAGE_SIZE>(p, rope_k, kv_rows, &kv)) {
+    return st;
+  }
+  const prefill::Partials part = w.partials();
+  const prefill::BatchSched sched{w.table};
+  auto kernel =
+      hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
+  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
+  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
+  const int64_t blocks = w.L.grid_units * p.num_kv_heads;
+  const dim3 grid(grid_ctas(blocks, dev, false));
+  if (int st = launch(names.prefill, kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream,
+                      true, p, kv.maps, sched, kv.order_k, kv.order_v, part, uint32_t(blocks),
+                      kv.paged_rope_k, kv.paged_order, w.counter())) {
+    return st;
+  }
+  return launch_batch_merge<Traits, Variant>(names.merge, p, w.L, sched, part, stream);
+}
+
+template <int HEAD_DIM, int MASK, int POS, typename Variant, typename Params>
+int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
+                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
   const char* what = "batch_prefill_ragged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_ragged_inputs(what, p)) return st;
   if (kv_rows >= (int64_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
-  prefill::WorkspaceLayout L;
-  int4* table = nullptr;
-  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill (sm90) prep kernel", p,
-                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
-                                                &table)) {
-    return st;
-  }
-  uint8_t* base = static_cast<uint8_t*>(ws);
-  const int64_t rows = kv_rows > 0 ? kv_rows : 1;  // a map needs a non-empty tensor
-  KVTensorMaps maps;
-  KVMapOrder order_k, order_v;
-  const DType* rope_k = nullptr;
-  if constexpr (POS == prefill::kPosRopeLlama) {
-    DType* rotated = reinterpret_cast<DType*>(base + L.rope_off);
-    rope_k = rotated;
-    auto rk = prefill::rope_k_ragged_kernel<HEAD_DIM, typename Params::DTypeQ, DType,
-                                            typename Params::DTypeO>;
-    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill (sm90) rope_k kernel", rk, p, rotated,
-                                         kv_rows, true, dev, stream)) {
-      return st;
-    }
-  }
-  if (int st = make_contiguous_kv_maps<Traits, HEAD_DIM, POS>(p, rope_k, rows, &maps, &order_k,
-                                                              &order_v)) {
-    return st;
-  }
-  const prefill::Partials part{reinterpret_cast<float*>(base + L.part_o_off),
-                               reinterpret_cast<float*>(base + L.part_lse_off)};
-  const prefill::BatchSched sched{table};
-  auto kernel = hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::BatchSched>;
-  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::BatchSched>;
-  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
-  const int64_t blocks = L.grid_units * p.num_kv_heads;
-  const dim3 grid(grid_ctas(blocks, dev, false));
-  if (int st = launch("batch_prefill_ragged (sm90) kernel", kernel, grid, Traits::kThreads,
-                      Traits::kSmemBytes, stream, true, p, maps, sched, order_k, order_v, part,
-                      uint32_t(blocks), static_cast<const DType*>(nullptr), PagedMapOrder{},
-                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
-    return st;
-  }
-  return launch_batch_merge<Traits, Variant>("batch_prefill_ragged (sm90) merge kernel", p, L,
-                                             sched, part, stream);
+  constexpr BatchKernelNames kNames{
+      "batch_prefill_ragged (sm90) prep kernel", "batch_prefill_ragged (sm90) rope_k kernel",
+      "batch_prefill_ragged (sm90) kernel", "batch_prefill_ragged (sm90) merge kernel"};
+  return launch_batch<HEAD_DIM, 0, MASK, POS, Variant>(what, kNames, p, total_q, kv_rows, ws,
+                                                       ws_bytes, dev, stream);
 }
 
 template <int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Variant, typename Params>
 int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows, void* ws,
                                int64_t ws_bytes, const DeviceInfo& dev, cudaStream_t stream) {
-  using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
-  using DType = typename Params::DTypeKV;
-  static_assert(sizeof(DType) == 2, "16-bit K/V");
   static_assert(PAGE_SIZE >= 1, "page size");
   const char* what = "batch_prefill_paged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_paged_inputs<PAGE_SIZE>(what, p)) return st;
-  prefill::WorkspaceLayout L;
-  int4* table = nullptr;
-  if (int st = prepare_batch<Traits, MASK, POS>(what, "batch_prefill_paged (sm90) prep kernel", p,
-                                                total_q, kv_rows, ws, ws_bytes, dev, stream, &L,
-                                                &table)) {
-    return st;
-  }
-  uint8_t* base = static_cast<uint8_t*>(ws);
-  const DType* rope_k = nullptr;
-  if constexpr (POS == prefill::kPosRopeLlama) {
-    DType* rk_out = reinterpret_cast<DType*>(base + L.rope_off);
-    rope_k = rk_out;
-    auto rk = prefill::rope_k_paged_kernel<HEAD_DIM, PAGE_SIZE, typename Params::DTypeQ, DType,
-                                           typename Params::DTypeO>;
-    if (int st = launch_rope_k<HEAD_DIM>("batch_prefill_paged (sm90) rope_k kernel", rk, p, rk_out,
-                                         kv_rows, true, dev, stream)) {
-      return st;
-    }
-  }
-  // TMA (hopper_paged_tma): maps.k is the 5-D map of the page pool (K and V by the k/v
-  // coordinate), maps.v the dense map of the rotated keys (RoPE). Other page sizes: the
-  // producer gathers rows, no maps.
-  constexpr bool kTma = hopper_paged_tma<Traits::kTileKV, PAGE_SIZE>();
-  KVTensorMaps maps{};
-  KVMapOrder order{true};
-  PagedMapOrder porder{};
-  if constexpr (kTma) {
-    if (int st = make_paged_map(&maps.k, &porder, p.paged_kv, p.num_kv_heads, HEAD_DIM, PAGE_SIZE,
-                                p.kv_stride_page, p.kv_stride_kv, p.kv_stride_n, p.kv_stride_h)) {
-      return st;
-    }
-    if constexpr (POS == prefill::kPosRopeLlama) {
-      if (int st = make_kv_map(&maps.v, &order, rope_k, kv_rows > 0 ? kv_rows : 1, p.num_kv_heads,
-                               HEAD_DIM, int64_t(p.num_kv_heads) * HEAD_DIM, int64_t(HEAD_DIM),
-                               Traits::kTileKV)) {
-        return st;
-      }
-    }
-  }
-  const prefill::Partials part{reinterpret_cast<float*>(base + L.part_o_off),
-                               reinterpret_cast<float*>(base + L.part_lse_off)};
-  const prefill::BatchSched sched{table};
-  auto kernel =
-      hopper_prefill_kernel<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
-  using Tag = HopperKernelTag<Traits, MASK, POS, Variant, Params, prefill::BatchSched, PAGE_SIZE>;
-  if (int st = prefill::smem_optin<Tag>(kernel, dev, Traits::kSmemBytes)) return st;
-  const int64_t blocks = L.grid_units * p.num_kv_heads;
-  const dim3 grid(grid_ctas(blocks, dev, false));
-  if (int st = launch("batch_prefill_paged (sm90) kernel", kernel, grid, Traits::kThreads,
-                      Traits::kSmemBytes, stream, true, p, maps, sched, order, order, part,
-                      uint32_t(blocks), rope_k, porder,
-                      reinterpret_cast<uint32_t*>(base + L.counter_off))) {
-    return st;
-  }
-  return launch_batch_merge<Traits, Variant>("batch_prefill_paged (sm90) merge kernel", p, L,
-                                             sched, part, stream);
+  constexpr BatchKernelNames kNames{
+      "batch_prefill_paged (sm90) prep kernel", "batch_prefill_paged (sm90) rope_k kernel",
+      "batch_prefill_paged (sm90) kernel", "batch_prefill_paged (sm90) merge kernel"};
+  return launch_batch<HEAD_DIM, PAGE_SIZE, MASK, POS, Variant>(what, kNames, p, total_q, kv_rows,
+                                                               ws, ws_bytes, dev, stream);
 }
 
 }  // namespace hopper

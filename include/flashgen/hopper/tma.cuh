@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -107,6 +108,28 @@ inline int get_encode_tiled(PFN_cuTensorMapEncodeTiled_v12000* fn) {
   return bind_current_context();
 }
 
+/**
+ * Host: encodes `map` of `rank` dimensions (element strides 1, 128-byte swizzle, 256-byte L2
+ * promotion, no out-of-bounds fill) with cuTensorMapEncodeTiled; a failure's error names the
+ * tensor with `tensor` (a printf format) and its arguments.
+ */
+template <typename... A>
+inline int encode_tiled(CUtensorMap* map, CUtensorMapDataType dt, cuuint32_t rank,
+                        const void* base, const cuuint64_t* dims, const cuuint64_t* strides,
+                        const cuuint32_t* box, const char* tensor, A... args) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode;
+  if (int st = get_encode_tiled(&encode)) return st;
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(map, dt, rank, const_cast<void*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return FLASHGEN_OK;
+  char what[256];
+  std::snprintf(what, sizeof what, tensor, args...);
+  return fail(FLASHGEN_CUDA_ERROR, "cuTensorMapEncodeTiled failed (%d) for %s at %p", int(r), what,
+              base);
+}
+
 /** Whether make_kv_map put rows in dimension 1 (else heads are dimension 1, rows dimension 2). */
 struct KVMapOrder {
   bool rows_first;
@@ -121,8 +144,6 @@ template <typename T>
 inline int make_kv_map(CUtensorMap* map, KVMapOrder* order, const T* base, int64_t rows,
                        int64_t heads, int64_t head_dim, int64_t stride_n, int64_t stride_h,
                        int box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode;
-  if (int st = get_encode_tiled(&encode)) return st;
   const bool rows_first = stride_n <= stride_h;
   order->rows_first = rows_first;
   cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(rows_first ? rows : heads),
@@ -130,22 +151,13 @@ inline int make_kv_map(CUtensorMap* map, KVMapOrder* order, const T* base, int64
   cuuint64_t strides[2] = {cuuint64_t((rows_first ? stride_n : stride_h) * 2),
                            cuuint64_t((rows_first ? stride_h : stride_n) * 2)};
   cuuint32_t box[3] = {64, cuuint32_t(rows_first ? box_rows : 1), cuuint32_t(rows_first ? 1 : box_rows)};
-  cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType dt =
       sizeof(T) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   // bf16 and f16 are both 16-bit: the copy engine moves bytes, the type only sizes elements.
-  const CUresult r = encode(map, dt, 3, const_cast<T*>(base), dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return fail(FLASHGEN_CUDA_ERROR,
-                "cuTensorMapEncodeTiled failed (%d) for a K/V tensor of %lld rows, %lld heads, "
-                "strides %lld/%lld elements at %p",
-                int(r), static_cast<long long>(rows), static_cast<long long>(heads),
-                static_cast<long long>(stride_n), static_cast<long long>(stride_h),
-                static_cast<const void*>(base));
-  }
-  return FLASHGEN_OK;
+  return encode_tiled(map, dt, 3, base, dims, strides, box,
+                      "a K/V tensor of %lld rows, %lld heads, strides %lld/%lld elements",
+                      static_cast<long long>(rows), static_cast<long long>(heads),
+                      static_cast<long long>(stride_n), static_cast<long long>(stride_h));
 }
 
 /** Which logical coordinate (0 row in page, 1 head, 2 k/v, 3 page) each of the paged map's
@@ -165,8 +177,6 @@ template <typename T>
 inline int make_paged_map(CUtensorMap* map, PagedMapOrder* order, const T* base, int64_t heads,
                           int64_t head_dim, int64_t page_size, int64_t stride_page,
                           int64_t stride_kv, int64_t stride_n, int64_t stride_h) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode;
-  if (int st = get_encode_tiled(&encode)) return st;
   const int64_t ext[4] = {page_size, heads, 2, (int64_t{1} << 31) - 1};
   const int64_t str[4] = {stride_n, stride_h, stride_kv, stride_page};
   int idx[4] = {0, 1, 2, 3};
@@ -174,27 +184,18 @@ inline int make_paged_map(CUtensorMap* map, PagedMapOrder* order, const T* base,
   cuuint64_t dims[5] = {cuuint64_t(head_dim)};
   cuuint64_t strides[4];
   cuuint32_t box[5] = {64, 1, 1, 1, 1};
-  cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   for (int k = 0; k < 4; ++k) {
     order->at[k] = uint8_t(idx[k]);
     dims[k + 1] = cuuint64_t(ext[idx[k]]);
     strides[k] = cuuint64_t(str[idx[k]] * 2);
     if (idx[k] == 0) box[k + 1] = cuuint32_t(page_size);
   }
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<T*>(base), dims,
-                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return fail(FLASHGEN_CUDA_ERROR,
-                "cuTensorMapEncodeTiled failed (%d) for a page pool of page size %lld, %lld heads, "
-                "strides page/kv/n/h %lld/%lld/%lld/%lld elements at %p",
-                int(r), static_cast<long long>(page_size), static_cast<long long>(heads),
-                static_cast<long long>(stride_page), static_cast<long long>(stride_kv),
-                static_cast<long long>(stride_n), static_cast<long long>(stride_h),
-                static_cast<const void*>(base));
-  }
-  return FLASHGEN_OK;
+  return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, base, dims, strides, box,
+                      "a page pool of page size %lld, %lld heads, strides page/kv/n/h "
+                      "%lld/%lld/%lld/%lld elements",
+                      static_cast<long long>(page_size), static_cast<long long>(heads),
+                      static_cast<long long>(stride_page), static_cast<long long>(stride_kv),
+                      static_cast<long long>(stride_n), static_cast<long long>(stride_h));
 }
 
 }  // namespace hopper

@@ -30,33 +30,33 @@ __device__ __forceinline__ RequestInfo request_info(const SinglePrefillParams<Q,
   return {p.qo_len, p.kv_len, 0, 0, 0, 0, 0};
 }
 
+/** Ragged: kv_indptr [k0, k1) counts k rows. */
 template <typename Q, typename K, typename O>
-__device__ __forceinline__ RequestInfo request_info(const BatchPrefillRaggedParams<Q, K, O>& p,
-                                                    uint32_t b) {
+__device__ __forceinline__ void set_kv_range(const BatchPrefillRaggedParams<Q, K, O>&, uint32_t,
+                                             int32_t k0, int32_t k1, RequestInfo& r) {
+  r.kv_len = k1 > k0 ? uint32_t(k1 - k0) : 0u;
+  r.kv_row0 = k0;
+  r.page0 = 0;
+}
+
+/** Paged: kv_indptr [p0, p1) counts pages, the last one kv_last_page_len[b] rows long. */
+template <typename Q, typename K, typename O>
+__device__ __forceinline__ void set_kv_range(const BatchPrefillPagedParams<Q, K, O>& p, uint32_t b,
+                                             int32_t p0, int32_t p1, RequestInfo& r) {
+  r.kv_len = p1 > p0 ? uint32_t(p1 - p0 - 1) * p.page_size + uint32_t(p.kv_last_page_len[b]) : 0u;
+  r.kv_row0 = int64_t(p0) * p.page_size;
+  r.page0 = p0;
+}
+
+/** The batch kinds (ragged, paged): request b's spans of qo_indptr and kv_indptr. */
+template <typename Params>
+__device__ __forceinline__ RequestInfo request_info(const Params& p, uint32_t b) {
   RequestInfo r;
   const int32_t q0 = p.qo_indptr[b], q1 = p.qo_indptr[b + 1];
   const int32_t k0 = p.kv_indptr[b], k1 = p.kv_indptr[b + 1];
   r.qo_len = q1 > q0 ? uint32_t(q1 - q0) : 0u;
-  r.kv_len = k1 > k0 ? uint32_t(k1 - k0) : 0u;
+  set_kv_range(p, b, k0, k1, r);
   r.q_row0 = q0;
-  r.kv_row0 = k0;
-  r.page0 = 0;
-  r.q_rope_offset = p.q_rope_offset ? p.q_rope_offset[b] : 0;
-  r.kv_rope_offset = p.kv_rope_offset ? p.kv_rope_offset[b] : 0;
-  return r;
-}
-
-template <typename Q, typename K, typename O>
-__device__ __forceinline__ RequestInfo request_info(const BatchPrefillPagedParams<Q, K, O>& p,
-                                                    uint32_t b) {
-  RequestInfo r;
-  const int32_t q0 = p.qo_indptr[b], q1 = p.qo_indptr[b + 1];
-  const int32_t p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
-  r.qo_len = q1 > q0 ? uint32_t(q1 - q0) : 0u;
-  r.kv_len = p1 > p0 ? uint32_t(p1 - p0 - 1) * p.page_size + uint32_t(p.kv_last_page_len[b]) : 0u;
-  r.q_row0 = q0;
-  r.kv_row0 = int64_t(p0) * p.page_size;
-  r.page0 = p0;
   r.q_rope_offset = p.q_rope_offset ? p.q_rope_offset[b] : 0;
   r.kv_rope_offset = p.kv_rope_offset ? p.kv_rope_offset[b] : 0;
   return r;
@@ -103,29 +103,11 @@ struct PagedKVSource {
   }
 };
 
-/** The K/V source of one kv head of a request (rope_k: the rotated-K workspace, ROPE only). */
-template <int HEAD_DIM, int PAGE_SIZE, bool ROPE, typename Q, typename K, typename O>
-__device__ __forceinline__ DenseKV<K> make_kv(const SinglePrefillParams<Q, K, O>& p,
-                                              const RequestInfo& rq, uint32_t kv_head,
-                                              const K* rope_k) {
-  DenseKV<K> kv;
-  if constexpr (ROPE) {
-    kv.k = rope_k + int64_t(kv_head) * HEAD_DIM;
-    kv.k_stride_n = int64_t(p.num_kv_heads) * HEAD_DIM;
-  } else {
-    kv.k = p.k + kv_head * p.k_stride_h;
-    kv.k_stride_n = p.k_stride_n;
-  }
-  kv.v = p.v + kv_head * p.v_stride_h;
-  kv.v_stride_n = p.v_stride_n;
-  (void)rq;
-  return kv;
-}
-
-template <int HEAD_DIM, int PAGE_SIZE, bool ROPE, typename Q, typename K, typename O>
-__device__ __forceinline__ DenseKV<K> make_kv(const BatchPrefillRaggedParams<Q, K, O>& p,
-                                              const RequestInfo& rq, uint32_t kv_head,
-                                              const K* rope_k) {
+/** The K/V source of one kv head of a request (rope_k: the rotated-K workspace, ROPE only);
+ *  single and ragged (single: kv_row0 is 0). */
+template <int HEAD_DIM, int PAGE_SIZE, bool ROPE, typename Params, typename K>
+__device__ __forceinline__ DenseKV<K> make_kv(const Params& p, const RequestInfo& rq,
+                                              uint32_t kv_head, const K* rope_k) {
   DenseKV<K> kv;
   if constexpr (ROPE) {
     kv.k = rope_k + (rq.kv_row0 * p.num_kv_heads + kv_head) * HEAD_DIM;
@@ -139,6 +121,7 @@ __device__ __forceinline__ DenseKV<K> make_kv(const BatchPrefillRaggedParams<Q, 
   return kv;
 }
 
+/** Paged. */
 template <int HEAD_DIM, int PAGE_SIZE, bool ROPE, typename Q, typename K, typename O>
 __device__ __forceinline__ PagedKVSource<K, PAGE_SIZE, ROPE> make_kv(
     const BatchPrefillPagedParams<Q, K, O>& p, const RequestInfo& rq, uint32_t kv_head,

@@ -116,5 +116,19 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
 }
 
+/** The pre-pass kernel of a params kind (PAGE_SIZE: paged only). */
+template <int D, int PAGE_SIZE, typename Q, typename K, typename O>
+constexpr auto rope_k_kernel(const SinglePrefillParams<Q, K, O>&) {
+  return rope_k_single_kernel<D, Q, K, O>;
+}
+template <int D, int PAGE_SIZE, typename Q, typename K, typename O>
+constexpr auto rope_k_kernel(const BatchPrefillRaggedParams<Q, K, O>&) {
+  return rope_k_ragged_kernel<D, Q, K, O>;
+}
+template <int D, int PAGE_SIZE, typename Q, typename K, typename O>
+constexpr auto rope_k_kernel(const BatchPrefillPagedParams<Q, K, O>&) {
+  return rope_k_paged_kernel<D, PAGE_SIZE, Q, K, O>;
+}
+
 }  // namespace prefill
 }  // namespace flashgen

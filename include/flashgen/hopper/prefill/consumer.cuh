@@ -72,8 +72,8 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
     float lo[8], hi[8];
     prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
                                           rp, lo, hi);
-    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = prefill::pack8<DTypeQ>(lo);
-    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = prefill::pack8<DTypeQ>(hi);
+    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = pack8<DTypeQ>(lo);
+    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = pack8<DTypeQ>(hi);
   }
   fence_proxy_async();
   named_barrier(1 + cw, 128);

@@ -1,0 +1,182 @@
+"""The engine-facing wrappers on a machine without a GPU (fake torch, fake kernels): plan() checks
+its arguments and loads the instance, run() launches exactly what the functional call launches
+but over the caller's workspace and the planned page table, with a plan cache of its own; CUDA
+graph mode copies plan()'s tables into the fixed buffers run() reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import flashgen
+from flashgen import _common, _op
+from test_loader import fake_torch  # noqa: F401 (a fixture)
+
+WS_BYTES = 1 << 21
+
+
+def _decode(fake_torch: Any, **kw: Any) -> tuple[Any, ...]:
+    T, i32 = fake_torch.Tensor, fake_torch.int32
+    ws = T((WS_BYTES,), fake_torch.uint8)
+    w = flashgen.BatchDecodeWithPagedKVCacheWrapper(ws, **kw)
+    return w, ws, T((5,), i32), T((30,), i32), T((4,), i32)
+
+
+def _per_shape(rec: dict[str, Any]) -> dict[str, Any]:
+    """A launch's struct without what changes per call (outputs, workspace, addresses)."""
+    return {k: v for k, v in rec.items() if k not in ("o", "lse", "workspace", "workspace_bytes", "addr",
+                                                      "additional_params", "stream")}
+
+
+def test_decode_run_is_the_functional_call_over_the_callers_workspace(fake_torch: Any) -> None:
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    w, ws, indptr, indices, last = _decode(fake_torch)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, logits_soft_cap=30.0, q_data_type=bf16)
+    q, cache = T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16)
+    o1 = w.run(q, cache)
+    o2, lse = w.run(q, cache, return_lse=True)
+    flashgen.batch_decode(q, cache, indptr, indices, last, variant="soft_cap", logits_soft_cap=30.0)
+    first, second, functional = fake_torch.calls[-3:]
+    for rec in (first, second):
+        assert (rec["workspace"], rec["workspace_bytes"]) == (ws.data_ptr(), WS_BYTES)
+        assert (rec["kv_indptr"], rec["kv_indices"], rec["kv_last_page_len"]) == (
+            indptr.data_ptr(), indices.data_ptr(), last.data_ptr())
+        assert rec["params"] == 30.0
+        assert _per_shape(rec) == _per_shape(functional)
+    assert first["o"] == o1.data_ptr() and first["lse"] is None
+    assert second["o"] == o2.data_ptr() and second["lse"] == lse.data_ptr() and lse.shape == (4, 32)
+    assert functional["workspace"] != ws.data_ptr()  # the functional call keeps the shared one
+    assert len(w._plans) == 2  # its own plans (with and without the LSE), not the functional call's
+
+
+def test_run_writes_into_out_and_lse(fake_torch: Any) -> None:
+    T, bf16, f32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.float32
+    w, _, indptr, indices, last = _decode(fake_torch)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type="bfloat16")
+    out, lse = T((4, 32, 128), bf16), T((4, 32), f32)
+    got = w.run(T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16), out=out, lse=lse)
+    assert got == (out, lse)
+    assert (fake_torch.calls[-1]["o"], fake_torch.calls[-1]["lse"]) == (out.data_ptr(), lse.data_ptr())
+    with pytest.raises(ValueError, match=r"lse must have shape \[4, 32\]"):
+        w.run(T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16), lse=T((4, 8), f32))
+
+
+@pytest.mark.parametrize("plan_kw, run_shapes, match", [
+    ({}, ((4, 32, 64), (40, 2, 16, 8, 64)), r"run: q has head_dim 64 but plan\(\) was given 128"),
+    ({}, ((4, 32, 128), (40, 2, 32, 8, 128)), r"run: paged_kv_cache has page_size 32 but plan\(\) was given 16"),
+    ({"q_data_type": "float16"}, ((4, 32, 128), (40, 2, 16, 8, 128)),
+     r"run: q has dtype bf16 but plan\(\) was given f16"),
+])
+def test_run_refuses_tensors_unlike_the_plan(fake_torch: Any, plan_kw: dict[str, Any],
+                                             run_shapes: tuple[Any, ...], match: str) -> None:
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    w, _, indptr, indices, last = _decode(fake_torch)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, **{"q_data_type": bf16, **plan_kw})
+    with pytest.raises(ValueError, match=match):
+        w.run(T(run_shapes[0], bf16), T(run_shapes[1], bf16))
+
+
+@pytest.mark.parametrize("plan_kw, exc, match", [
+    ({"window_left": 8, "logits_soft_cap": 30.0}, ValueError, "no built-in one does"),
+    ({"pos_encoding_mode": "ALIBI"}, ValueError, "pos_encoding_mode must be one of NONE, ROPE_LLAMA"),
+    ({"q_data_type": "float32"}, TypeError, "q_data_type must be float16 or bfloat16"),
+    ({"kv_data_type": "float16"}, TypeError, r"kv_data_type must be q_data_type"),
+    ({"variant": "alibi", "window_left": 8}, TypeError, "window_left"),
+    ({"num_qo_heads": 30}, ValueError, r"num_qo_heads \(30\) must be a multiple of num_kv_heads \(8\)"),
+    ({"head_dim": 96}, ValueError, "head_dim=96 is not in the variant matrix"),
+    ({"head_dim": 0}, ValueError, "head_dim must be a positive int"),
+])
+def test_plan_errors_name_the_argument(fake_torch: Any, plan_kw: dict[str, Any], exc: type, match: str) -> None:
+    w, _, indptr, indices, last = _decode(fake_torch)
+    kw = {"num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128, "page_size": 16, "q_data_type": "bfloat16",
+          **plan_kw}
+    with pytest.raises(exc, match=match):
+        w.plan(indptr, indices, last, **kw)
+
+
+def test_run_before_plan_and_a_small_workspace_are_errors(fake_torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    w, _, indptr, indices, last = _decode(fake_torch)
+    with pytest.raises(RuntimeError, match=r"BatchDecodeWithPagedKVCacheWrapper.run: call plan\(\) first"):
+        w.run(T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16))
+    monkeypatch.setattr(_common, "workspace_bytes", lambda *a: WS_BYTES + 1)
+    with pytest.raises(ValueError, match=f"needs a workspace of {WS_BYTES + 1} bytes but workspace_buffer "
+                                         f"holds {WS_BYTES}"):
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16)
+
+
+def test_cuda_graph_mode_fills_the_fixed_buffers(fake_torch: Any) -> None:
+    T, bf16, i32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.int32
+    copies: list[tuple[int, int, int]] = []
+
+    class Buffer(T):  # type: ignore[misc, valid-type]
+        """A fixed buffer: a slice is a view at the same address that records copies into it."""
+
+        def __getitem__(self, s: slice) -> Any:
+            view = Buffer((s.stop,), self.dtype)
+            view._ptr = self._ptr
+            return view
+
+        def copy_(self, src: Any, non_blocking: bool = False) -> None:
+            copies.append((self._ptr, src.data_ptr(), self.shape[0]))
+
+    ws = T((WS_BYTES,), fake_torch.uint8)
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs the fixed index buffers "
+                                         "paged_kv_indices_buffer, paged_kv_last_page_len_buffer"):
+        flashgen.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True,
+                                                    paged_kv_indptr_buffer=Buffer((9,), i32))
+    bufs = Buffer((9,), i32), Buffer((64,), i32), Buffer((8,), i32)
+    w = flashgen.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", True, *bufs)
+    indptr, indices, last = T((5,), i32), T((30,), i32), T((4,), i32)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16)
+    assert copies == [(bufs[0].data_ptr(), indptr.data_ptr(), 5), (bufs[1].data_ptr(), indices.data_ptr(), 30),
+                      (bufs[2].data_ptr(), last.data_ptr(), 4)]
+    w.run(T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16))
+    rec = fake_torch.calls[-1]
+    assert (rec["kv_indptr"], rec["kv_indices"], rec["kv_last_page_len"]) == tuple(b.data_ptr() for b in bufs)
+    assert (rec["batch_size"], rec["num_page_ids"]) == (4, 64)  # every plan launches the whole page buffer
+    with pytest.raises(ValueError, match="indices has 65 entries but its fixed buffer paged_kv_indices_buffer holds 64"):
+        w.plan(indptr, T((65,), i32), last, 32, 8, 128, 16, q_data_type=bf16)
+
+
+def test_prefill_wrappers_run_the_functional_calls(fake_torch: Any) -> None:
+    T, bf16, i32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.int32
+    ws = T((WS_BYTES,), fake_torch.uint8)
+    qo, kv, q = T((5,), i32), T((5,), i32), T((100, 32, 128), bf16)
+    k, v = T((8, 300, 128), bf16), T((8, 300, 128), bf16)
+    ragged = flashgen.BatchPrefillWithRaggedKVCacheWrapper(ws, kv_layout="HND")
+    ragged.plan(qo, kv, 32, 8, 128, causal=True, pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5,
+                q_data_type=bf16)
+    ragged.run(q, k, v)
+    flashgen.batch_prefill(q, qo, k, v, kv, kv_layout="HND", causal=True, pos_encoding="rope_llama", rope_theta=5e5)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional)
+    assert (wrapped["workspace"], wrapped["mask_code"], wrapped["rope_theta"]) == (ws.data_ptr(), 1, 5e5)
+
+    ix, last, cache = T((30,), i32), T((4,), i32), T((40, 2, 16, 8, 128), bf16)
+    paged = flashgen.BatchPrefillWithPagedKVCacheWrapper(ws)
+    paged.plan(qo, kv, ix, last, 32, 8, 128, 16, window_left=7, q_data_type=bf16)
+    paged.run(q, cache)
+    flashgen.batch_prefill_paged(q, qo, cache, kv, ix, last, variant="sliding_window", window_left=7)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional) and wrapped["workspace"] == ws.data_ptr()
+    with pytest.raises(ValueError, match=r"head_dim_vo \(64\) must equal head_dim_qk \(128\)"):
+        paged.plan(qo, kv, ix, last, 32, 8, 128, 16, head_dim_vo=64, q_data_type=bf16)
+    assert "batch_prefill_paged" in _op._PLANS and len(paged._plans) == 1
+
+
+def test_attention_sink_through_a_wrapper_takes_window_left_minus_one(fake_torch: Any) -> None:
+    """A variant with a window_left parameter gets plan()'s window_left, -1 (no window) included;
+    its sinks are checked at plan() as in the functional call."""
+    T, bf16, f32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.float32
+    w, _, indptr, indices, last = _decode(fake_torch)
+    sinks = T((32,), f32)
+    with pytest.raises(ValueError, match=r"plan: sinks must be 1-D with num_qo_heads = 32 values"):
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16, variant="attention_sink", sinks=T((8,), f32))
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16, variant="attention_sink", sinks=sinks)
+    q, cache = T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16)
+    w.run(q, cache)
+    flashgen.batch_decode(q, cache, indptr, indices, last, variant="attention_sink", sinks=sinks, window_left=-1)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional)
