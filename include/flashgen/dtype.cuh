@@ -1,13 +1,18 @@
 /**
  * @brief Element types to and from float: the one conversion the kernels of every family use
  * (round to nearest even on the way back), one value at a time or eight of 16 bits as one
- * 16-byte vector.
+ * 16-byte vector; and the exact widening of an fp8 KV cache to the 16-bit type of the
+ * tensor-core products.
  */
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "flashgen/ptx_sm80.cuh"
 
@@ -45,4 +50,120 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return v;
 }
 
+/** The fp8 cache types (one byte: sign, exponent, mantissa). */
+template <typename T>
+constexpr bool is_fp8 = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+
+namespace fp8 {
+
+/**
+ * fp8 to f16 / bf16 without hardware fp8 conversion (sm_80 has none), exact for every finite
+ * value, subnormals included: the sign stays in bit 15, the exponent and mantissa bits move
+ * under the 16-bit type's (a subnormal fp8 lands on a subnormal or normal 16-bit value with the
+ * same mantissa bits), which gives the value times 2^-(difference of the exponent biases); one
+ * multiply by that power of two, exact, restores it. e5m2 -> f16 is the byte shifted into the
+ * high half as it stands (same exponent width and bias).
+ *
+ * Not finite values: e4m3fn's NaN (S.1111.111) becomes +-480 (a value past e4m3's largest, 448);
+ * e5m2's Inf and NaN stay Inf and NaN in f16 and become finite +-65536 .. +-114688 in bf16.
+ *
+ * The pair form works on two bytes that sit in the high byte of each 16-bit half of a word
+ * (spread2), so one shift and mask convert both.
+ */
+template <typename To, typename Fp8>
+struct Widen;
+
+// f16: 5 exponent bits, bias 15. e4m3 (bias 7) is placed 1 bit lower: value * 2^-8.
+template <>
+struct Widen<half, __nv_fp8_e4m3> {
+  static constexpr uint32_t kShift = 1, kMask = 0x3f80u, kScaleBits = 0x5c00u;  // 2^8
+};
+template <>
+struct Widen<half, __nv_fp8_e5m2> {
+  static constexpr uint32_t kShift = 0, kMask = 0x7f00u, kScaleBits = 0;  // as it stands
+};
+// bf16: 8 exponent bits, bias 127: e4m3 placed 4 bits lower (value * 2^-120), e5m2 3 bits lower
+// (value * 2^-112).
+template <>
+struct Widen<__nv_bfloat16, __nv_fp8_e4m3> {
+  static constexpr uint32_t kShift = 4, kMask = 0x07f0u, kScaleBits = 0x7b80u;  // 2^120
+};
+template <>
+struct Widen<__nv_bfloat16, __nv_fp8_e5m2> {
+  static constexpr uint32_t kShift = 3, kMask = 0x0fe0u, kScaleBits = 0x7780u;  // 2^112
+};
+
+/** Bytes 0 and 1 of `x` (`hi`: bytes 2 and 3) in the high byte of the low and high halves. */
+__host__ __device__ __forceinline__ uint32_t spread2(uint32_t x, bool hi) {
+  return hi ? ((x >> 8) & 0xff00u) | (x & 0xff000000u) : ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
+}
+
+/** The 16-bit value of a 16-bit pattern, as float (host side of the scale multiply). */
+template <typename To>
+__host__ __device__ __forceinline__ float bits_to_float(uint32_t bits) {
+  if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    const uint32_t f = bits << 16;
+    float out;
+    std::memcpy(&out, &f, 4);
+    return out;
+  } else {
+    __half_raw raw;
+    raw.x = static_cast<unsigned short>(bits);
+    return __half2float(half(raw));
+  }
+}
+
+template <typename To>
+__host__ __device__ __forceinline__ uint32_t float_to_bits(float x) {
+  if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    uint32_t f;
+    std::memcpy(&f, &x, 4);
+    return f >> 16;  // exact here: every result has a bf16 value
+  } else {
+    return static_cast<__half_raw>(__float2half_rn(x)).x;
+  }
+}
+
+/** Two fp8 values, spread as spread2 leaves them, as a packed pair of `To` (element 0 low). */
+template <typename To, typename Fp8>
+__host__ __device__ __forceinline__ uint32_t widen2(uint32_t spread) {
+  using W = Widen<To, Fp8>;
+  const uint32_t bits =
+      (spread & 0x80008000u) | ((spread >> W::kShift) & (W::kMask | (W::kMask << 16)));
+  if constexpr (W::kScaleBits == 0) {
+    return bits;
+  } else {
+#ifdef __CUDA_ARCH__
+    // One packed multiply by the power of two (exact: every product is a 16-bit value).
+    using Pair = std::conditional_t<std::is_same_v<To, half>, __half2, __nv_bfloat162>;
+    const uint32_t scale = W::kScaleBits | (W::kScaleBits << 16);
+    Pair a, s;
+    std::memcpy(&a, &bits, 4);
+    std::memcpy(&s, &scale, 4);
+    const Pair r = __hmul2(a, s);
+    uint32_t out;
+    std::memcpy(&out, &r, 4);
+    return out;
+#else
+    const float s = bits_to_float<To>(W::kScaleBits);
+    return float_to_bits<To>(bits_to_float<To>(bits & 0xffffu) * s) |
+           (float_to_bits<To>(bits_to_float<To>(bits >> 16) * s) << 16);
+#endif
+  }
+}
+
+/** Four fp8 values (byte i = element i) as two packed pairs of `To`: elements 0, 1 and 2, 3. */
+template <typename To, typename Fp8>
+__host__ __device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  lo = widen2<To, Fp8>(spread2(x, false));
+  hi = widen2<To, Fp8>(spread2(x, true));
+}
+
+/** One fp8 byte as the bits of its `To` value (the scalar form of widen2, for tests). */
+template <typename To, typename Fp8>
+__host__ __device__ __forceinline__ uint32_t widen1(uint8_t b) {
+  return widen2<To, Fp8>(spread2(b, false)) & 0xffffu;
+}
+
+}  // namespace fp8
 }  // namespace flashgen
