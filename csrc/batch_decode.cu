@@ -4,8 +4,16 @@
  * With pos_encoding=rope_llama the call is a prefill of one query per request through the
  * prefill kernels (qo_indptr = 0..batch, written into the workspace by a small kernel), so decode
  * and prefill of a RoPE model agree by construction.
+ *
+ * The kv_dtype axis names the cache's element type: `same` (the dtype axis's, q's and o's) or an
+ * fp8 type, which the decode kernel widens a tile at a time (decode/kernel.cuh) and scales by
+ * the call's k_scale and v_scale. The prefill kernels read no fp8 yet, so an fp8 cache with
+ * rope_llama is refused.
  */
 #include <flashgen_instance.cuh>
+
+#include <cmath>
+#include <type_traits>
 
 #include "flashgen/decode/kernel.cuh"
 #include "flashgen/decode/merge.cuh"
@@ -42,12 +50,21 @@ struct Plan {
   int64_t splits, head_slices, workspace;
 };
 
+/** The cache's element type of kv_dtype code KV: `DType` itself, or an fp8 type. */
+template <typename DType, int KV>
+using CacheType = std::conditional_t<
+    KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3, __nv_fp8_e4m3,
+    std::conditional_t<KV == FLASHGEN_CODE_kv_dtype_fp8_e5m2, __nv_fp8_e5m2, DType>>;
+
+template <int HEAD_DIM, typename DTypeKV>
+using TraitsFor = decode::DecodeTraits<HEAD_DIM, static_cast<int>(sizeof(DTypeKV))>;
+
 // Request lengths live on the device, so the plan depends on the batch shape alone; each block
 // cuts its own request into `splits` chunks.
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename DTypeKV>
 void make_plan(int64_t batch_size, int64_t num_qo_heads, int64_t num_kv_heads,
                const DeviceInfo& dev, Plan* plan) {
-  using Traits = decode::DecodeTraits<HEAD_DIM>;
+  using Traits = TraitsFor<HEAD_DIM, DTypeKV>;
   plan->head_slices = decode::head_slices<Traits>(num_qo_heads / num_kv_heads);
   const int64_t units = batch_size * num_kv_heads * plan->head_slices;
   plan->splits = decode::plan_splits<Traits>(units, 0, dev.sm_count, dev.smem_per_sm);
@@ -115,20 +132,46 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
       a.workspace_bytes - indptr_bytes, dev, stream);
 }
 
-template <typename DType, int HEAD_DIM, int PAGE_SIZE, typename Tag>
+/** An fp8 cache's extra conditions: 16-element strides (a 16-byte copy is 16 elements) and
+ *  finite scales; they become the params' k_scale and v_scale. */
+template <typename Params>
+int fill_fp8_cache(Params& p, const Args& a) {
+  for (int64_t stride : {a.kv_stride_page, a.kv_stride_kv, a.kv_stride_n, a.kv_stride_h}) {
+    if (stride % 16 != 0) {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: an fp8 paged_kv needs strides that are multiples of 16 elements "
+                  "(page %lld, kv %lld, n %lld, h %lld)",
+                  static_cast<long long>(a.kv_stride_page), static_cast<long long>(a.kv_stride_kv),
+                  static_cast<long long>(a.kv_stride_n), static_cast<long long>(a.kv_stride_h));
+    }
+  }
+  if (!std::isfinite(a.k_scale) || !std::isfinite(a.v_scale)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT,
+                "batch_decode: k_scale and v_scale must be finite, got %g and %g",
+                static_cast<double>(a.k_scale), static_cast<double>(a.v_scale));
+  }
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
+  return FLASHGEN_OK;
+}
+
+template <typename DType, typename DTypeKV, int HEAD_DIM, int PAGE_SIZE, typename Tag>
 int run_standard(const Args& a, const DeviceInfo& dev) {
-  using Params = BatchDecodeParams<DType, DType, DType>;
+  using Params = BatchDecodeParams<DType, DTypeKV, DType>;
   using Variant = typename Tag::template type<Params>;
-  using Traits = decode::DecodeTraits<HEAD_DIM>;
+  using Traits = TraitsFor<HEAD_DIM, DTypeKV>;
 
   Params p;
   if (int st = start_params(p, a)) return st;
+  if constexpr (is_fp8<DTypeKV>) {
+    if (int st = fill_fp8_cache(p, a)) return st;
+  }
   p.q_stride_b = a.q_stride_b;
   p.o_stride_b = a.o_stride_b;
   p.page_size = PAGE_SIZE;
 
   Plan plan;
-  make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
+  make_plan<HEAD_DIM, DTypeKV>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
   const int64_t rows = a.batch_size * a.num_qo_heads;
   float *part_o, *part_w;
   if (int st = decode::carve_workspace("batch_decode", a.workspace, a.workspace_bytes,
@@ -201,24 +244,40 @@ struct BatchDecode {
   }
 
   /** One instance: rope_llama through the prefill kernels, the decode kernels otherwise. */
-  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag>
+  template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag, int KV>
   struct Instance {
+    using DTypeKV = CacheType<DType, KV>;
+    // The prefill kernels behind rope_llama read 16-bit K/V only.
+    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
+
+    static int refuse_rope_of_fp8() {
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "batch_decode: pos_encoding=rope_llama with an fp8 KV cache (kv_dtype=%s) is not "
+                  "supported: rope_llama runs the prefill kernels, which read f16/bf16 K/V only; "
+                  "rotate the keys before quantizing them and call with pos_encoding=none",
+                  KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3 ? "fp8_e4m3" : "fp8_e5m2");
+    }
+
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      if constexpr (POS == prefill::kPosRopeLlama) {
+      if constexpr (kRopeOfFp8) {
+        return 0;
+      } else if constexpr (POS == prefill::kPosRopeLlama) {
         int64_t indptr_bytes = 0;
         return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
       } else {
         Plan plan;
-        make_plan<HEAD_DIM>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
+        make_plan<HEAD_DIM, DTypeKV>(a.batch_size, a.num_qo_heads, a.num_kv_heads, dev, &plan);
         return plan.workspace;
       }
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
-      if constexpr (POS == prefill::kPosRopeLlama) {
+      if constexpr (kRopeOfFp8) {
+        return refuse_rope_of_fp8();
+      } else if constexpr (POS == prefill::kPosRopeLlama) {
         return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
       } else {
-        return run_standard<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
+        return run_standard<DType, DTypeKV, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
       }
     }
   };
@@ -227,4 +286,4 @@ struct BatchDecode {
 }  // namespace
 
 FLASHGEN_DEFINE_ENTRY_POINTS(batch_decode, BatchDecode, FG_dtype, FG_head_dim, FG_page_size,
-                             FG_pos_encoding, FG_variant)
+                             FG_pos_encoding, FG_variant, FG_kv_dtype)

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "flashgen/dtype.cuh"
+
 #ifndef ADDITIONAL_PARAMS_DECL
 #error "include <flashgen_instance.cuh> (the generated header) before flashgen/params.cuh"
 #endif
@@ -63,9 +65,20 @@ struct SingleDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t) const { return kv_len; }
 };
 
+/**
+ * The per-tensor scales of an fp8 KV cache (K = k_scale * stored K, V likewise); an empty base
+ * for a 16-bit cache, so its params keep their layout.
+ */
+template <typename DTypeKV, bool = is_fp8<DTypeKV>>
+struct KVScales {};
+template <typename DTypeKV>
+struct KVScales<DTypeKV, true> {
+  float k_scale = 1.f, v_scale = 1.f;
+};
+
 /** A batch over a paged KV cache with an int32 CSR page table. */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+struct BatchDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_>, KVScales<DTypeKV_> {
   const DTypeQ_* q;
   const DTypeKV_* paged_kv;
   DTypeO_* o;

@@ -6,10 +6,16 @@
  * n = 8 dimension), keeps an online base-2 softmax per head, and the block's warps are combined
  * in shared memory. The block writes either the final output (one split) or a partial result
  * for merge.cuh (split-KV).
+ *
+ * An fp8 cache (traits.cuh) is streamed as it is stored and widened to the query's 16-bit type a
+ * tile at a time (widen_tile), exactly (dtype.cuh); its k_scale multiplies the transformed query
+ * and its v_scale the attention output before OutputTransform (and so every split's partial,
+ * which the merge combines as it is).
  */
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -62,6 +68,36 @@ struct PagedKV {
   }
 };
 
+/**
+ * One fp8 K or V tile of a ring stage (16 rows of kChunks 16-byte chunks, unswizzled) widened to
+ * the 16-bit tile the mma path reads (ring_chunk's swizzled layout, kFragChunks chunks a row).
+ * A lane widens whole chunks: 16 bytes into chunks 2c and 2c + 1 of its row. Lanes whose chunk
+ * has bit 2 set read the chunk's two halves the other way round and so store chunk 2c + 1 first:
+ * the eight lanes of a store phase then hit eight distinct 16-byte bank groups.
+ */
+template <typename Traits, typename Fp8, typename To>
+__device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uint32_t lane) {
+  constexpr int kC = Traits::kChunks;
+  static_assert(32 % kC == 0, "a lane's chunk column is the same for every row it widens");
+  const uint32_t c = lane % kC;
+  const uint32_t first = (c >> 2) & 1;  // which half of the chunk this lane widens first
+#pragma unroll
+  for (int j = 0; j < Traits::kTileTokens * kC / 32; ++j) {
+    const uint32_t row = (lane + 32 * j) / kC;
+    const uint8_t* chunk = src + (row * kC + c) * 16;
+    const uint2 x0 = *reinterpret_cast<const uint2*>(chunk + 8 * first);
+    const uint2 x1 = *reinterpret_cast<const uint2*>(chunk + 8 * (1 - first));
+    uint4 y0, y1;
+    fp8::widen4<To, Fp8>(x0.x, y0.x, y0.y);
+    fp8::widen4<To, Fp8>(x0.y, y0.z, y0.w);
+    fp8::widen4<To, Fp8>(x1.x, y1.x, y1.y);
+    fp8::widen4<To, Fp8>(x1.y, y1.z, y1.w);
+    uint8_t* out = dst + row * Traits::kFragChunks * 16;
+    *reinterpret_cast<uint4*>(out + ((2 * c + first) ^ (row & 7)) * 16) = y0;
+    *reinterpret_cast<uint4*>(out + ((2 * c + 1 - first) ^ (row & 7)) * 16) = y1;
+  }
+}
+
 /** Where a block's result goes: the output rows (one split) or the workspace (split-KV). */
 template <typename DTypeO>
 struct BlockOutput {
@@ -86,11 +122,17 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   using DTypeQ = typename Params::DTypeQ;
   using DTypeKV = typename Params::DTypeKV;
   using DTypeO = typename Params::DTypeO;
-  static_assert(sizeof(DTypeQ) == 2 && sizeof(DTypeKV) == 2, "16-bit inputs");
+  constexpr bool kWiden = Traits::kWiden;
+  static_assert(sizeof(DTypeQ) == 2 && (sizeof(DTypeKV) == 2 || is_fp8<DTypeKV>),
+                "16-bit q, 16-bit or fp8 K/V");
+  static_assert(kWiden == is_fp8<DTypeKV>, "traits of the cache's element size");
+  // The type of the tensor-core products: the cache's, or the query's for a widened fp8 cache.
+  using DTypeMma = std::conditional_t<kWiden, DTypeQ, DTypeKV>;
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kS = Traits::kStages;
   constexpr int kChunks = Traits::kChunks;
+  constexpr int kFragChunks = Traits::kFragChunks;
 
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t warp = threadIdx.x >> 5;
@@ -129,9 +171,10 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
       if constexpr (KV::kUsesHandle) h = __shfl_sync(0xffffffffu, handle, row);
       const uint32_t pos = tpos + row;
       const bool valid = pos < end;
-      const uint32_t dst = (row * kChunks + (copy_chunk ^ (row & 7))) * 16;
-      const DTypeKV* k_src = valid ? kv.k_row(h, pos) + copy_chunk * 8 : kv.k_row(0, begin);
-      const DTypeKV* v_src = valid ? kv.v_row(h, pos) + copy_chunk * 8 : kv.v_row(0, begin);
+      const uint32_t dst = Traits::ring_chunk(row, copy_chunk) * 16;
+      const uint32_t elem = copy_chunk * Traits::kElemsPerChunk;
+      const DTypeKV* k_src = valid ? kv.k_row(h, pos) + elem : kv.k_row(0, begin);
+      const DTypeKV* v_src = valid ? kv.v_row(h, pos) + elem : kv.v_row(0, begin);
       ptx::cp_async_16(k_dst + dst, k_src, valid ? 16u : 0u);
       ptx::cp_async_16(v_dst + dst, v_src, valid ? 16u : 0u);
     }
@@ -166,9 +209,17 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   uint32_t qf_lo[Traits::kKSteps][2];
   {
     const bool valid = group < num_heads;
-    load_query_split<DTypeKV>(q + static_cast<int64_t>(valid ? group : 0) * q_stride_h, valid,
-                              pair, variant, params, qf, qf_lo);
+    const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
+    if constexpr (kWiden) {
+      load_query_split<DTypeMma>(qh, valid, pair, variant, params, qf, qf_lo,
+                                 QueryTimes{params.k_scale});
+    } else {
+      load_query_split<DTypeKV>(qh, valid, pair, variant, params, qf, qf_lo);
+    }
   }
+  // An fp8 cache: the warp's 16-bit K and V tiles after its ring.
+  uint8_t* widened = ring + kS * Traits::kStageBytes;
+  const uint32_t widened_addr = ring_addr + kS * Traits::kStageBytes;
 
   for (uint32_t i = 0; i < my_tiles; ++i) {
     if (i + kS - 1 < my_tiles) issue(i + kS - 1, (i + kS - 1) % kS);
@@ -176,11 +227,19 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     ptx::cp_async_wait<kS - 1>();
     __syncwarp();
 
-    const uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
-    const uint32_t v_base = k_base + Traits::kTileBytes;
-    kv_tile_step<Traits, kSoftmax, DTypeKV>(
-        [&](int ks) { return k_base + (k_row * kChunks + ((ks * 2 + k_chunk0) ^ r7)) * 16; },
-        [&](int mt) { return v_base + (v_row * kChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16; },
+    uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
+    if constexpr (kWiden) {
+      const uint8_t* stage = ring + (i % kS) * Traits::kStageBytes;
+      widen_tile<Traits, DTypeKV, DTypeMma>(stage, widened, lane);
+      widen_tile<Traits, DTypeKV, DTypeMma>(stage + Traits::kTileBytes,
+                                            widened + Traits::kWidenBytes / 2, lane);
+      __syncwarp();
+      k_base = widened_addr;
+    }
+    const uint32_t v_base = k_base + (kWiden ? Traits::kWidenBytes / 2 : Traits::kTileBytes);
+    kv_tile_step<Traits, kSoftmax, DTypeMma>(
+        [&](int ks) { return k_base + (k_row * kFragChunks + ((ks * 2 + k_chunk0) ^ r7)) * 16; },
+        [&](int mt) { return v_base + (v_row * kFragChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16; },
         tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
     __syncwarp();
   }
@@ -222,7 +281,8 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     // The variant's sink joins a whole row's denominator (a split's partial leaves it to the
     // merge).
     if (out.part_o == nullptr) hooks::add_sink(variant, params, m_ref, den, batch_idx, 0, head0 + h);
-    const float value = lse::normalized<kSoftmax>(num, den);
+    float value = lse::normalized<kSoftmax>(num, den);
+    if constexpr (kWiden) value *= params.v_scale;
     // Base-2 LSE for softmax; the plain sum of weights otherwise.
     const float weight = lse::weight<kSoftmax>(m_ref, den);
     if (out.part_o != nullptr) {

@@ -19,16 +19,30 @@
 namespace flashgen {
 namespace decode {
 
+/** The query as the variant's QueryTransform leaves it (a 16-bit cache). */
+struct QueryAsIs {
+  __device__ __forceinline__ float operator()(float x) const { return x; }
+};
+
+/** The query times an fp8 cache's k_scale: the logits are then those of the scaled K. */
+struct QueryTimes {
+  float scale;
+  __device__ __forceinline__ float operator()(float x) const { return x * scale; }
+};
+
 /**
  * Head row `qh` (read only when `valid`; zeros otherwise), dims 2 * pair.. of each of the kKSteps
  * k steps: qf[ks][half_k] holds the hi parts of dims ks * 16 + half_k * 8 + 2 * pair and the next,
- * qf_lo the rest.
+ * qf_lo the rest. `scale` maps each transformed value (QueryAsIs, or QueryTimes for an fp8
+ * cache); DTypeKV is the 16-bit type of the mma.
  */
-template <typename DTypeKV, int kKSteps, typename DTypeQ, typename Variant, typename Params>
+template <typename DTypeKV, int kKSteps, typename DTypeQ, typename Variant, typename Params,
+          typename Scale = QueryAsIs>
 __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, uint32_t pair,
                                                  Variant& variant, const Params& params,
                                                  uint32_t (&qf)[kKSteps][2],
-                                                 uint32_t (&qf_lo)[kKSteps][2]) {
+                                                 uint32_t (&qf_lo)[kKSteps][2],
+                                                 const Scale& scale = {}) {
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
@@ -36,8 +50,8 @@ __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, u
       const int d = ks * 16 + half_k * 8 + 2 * pair;
       float x0 = 0.f, x1 = 0.f;
       if (valid) {
-        x0 = hooks::query_transform(variant, params, to_float(qh[d]));
-        x1 = hooks::query_transform(variant, params, to_float(qh[d + 1]));
+        x0 = scale(hooks::query_transform(variant, params, to_float(qh[d])));
+        x1 = scale(hooks::query_transform(variant, params, to_float(qh[d + 1])));
       }
       const float h0 = to_float(from_float<DTypeKV>(x0));
       const float h1 = to_float(from_float<DTypeKV>(x1));

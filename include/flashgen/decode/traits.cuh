@@ -5,6 +5,12 @@
  * head (the n = 8 of mma.m16n8k16: S^T = K Q^T and O^T = V^T P^T, so the GQA group rides in the
  * small dimension and K/V are read once for the whole group). Its four warps stream interleaved
  * 16-token tiles through private cp.async rings, then combine in shared memory.
+ *
+ * An fp8 cache (ELEM_BYTES_ 1) streams its one-byte tiles through the ring (half the bytes of a
+ * 16-bit tile, stored unswizzled: a lane widens one 16-byte chunk, so eight lanes read 128
+ * consecutive bytes) and each warp widens the tile it is at into a 16-bit K and V tile of its
+ * own (`kWidenBytes`), laid out as a 16-bit ring stage, which the mma path reads as it reads the
+ * 16-bit ring.
  */
 #pragma once
 
@@ -21,7 +27,8 @@ template <int HEAD_DIM_, int ELEM_BYTES_ = 2>
 struct DecodeTraits {
   static constexpr int kHeadDim = HEAD_DIM_;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64, 128 or 256");
-  static_assert(ELEM_BYTES_ == 2, "16-bit K/V only");
+  static_assert(ELEM_BYTES_ == 2 || ELEM_BYTES_ == 1, "16-bit or fp8 K/V");
+  static constexpr bool kWiden = ELEM_BYTES_ == 1;  // an fp8 cache, widened per tile
 
   static constexpr int kWarps = tuning::kWarps;
   static constexpr int kThreads = kWarps * 32;
@@ -30,16 +37,21 @@ struct DecodeTraits {
   static constexpr int kKSteps = kHeadDim / 16;
   static constexpr int kMTiles = kHeadDim / 16;
   static constexpr int kChunks = kHeadDim * ELEM_BYTES_ / 16;  // 16-byte chunks per K/V row
+  static constexpr int kElemsPerChunk = 16 / ELEM_BYTES_;
+  static constexpr int kFragChunks = kHeadDim * 2 / 16;  // the same of the 16-bit tile mma reads
   static constexpr int kRowsPerCopy = 32 / kChunks;            // rows one warp-wide copy covers
   static constexpr int kCopiesPerTile = kTileTokens / kRowsPerCopy;
 
-  static constexpr int kStages = tuning::stages(kHeadDim);  // ring depth per warp
+  static constexpr int kStages =  // ring depth per warp
+      kWiden ? tuning::fp8_stages(kHeadDim) : tuning::stages(kHeadDim);
   // Independent score accumulators per tile (a multiple of 2: hi and lo query parts).
   static constexpr int kScoreChains = tuning::score_chains(kHeadDim);
   static_assert(kScoreChains == 1 || kScoreChains == 2 || kScoreChains == 4, "1, 2 or 4 chains");
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  // The 16-bit K and V tiles a warp widens an fp8 stage into (none for a 16-bit cache).
+  static constexpr int kWidenBytes = kWiden ? 2 * kTileTokens * kHeadDim * 2 : 0;
+  static constexpr int kWarpRingBytes = kStages * kStageBytes + kWidenBytes;
   static constexpr int kPipeBytes = kWarps * kWarpRingBytes;
   static constexpr int kCombineBytes =
       kWarps * kHeadsPerBlock * (kHeadDim + 2) * static_cast<int>(sizeof(float));
@@ -47,6 +59,13 @@ struct DecodeTraits {
   static constexpr int kSmemBytes =
       kVariantSmemBytes + (kPipeBytes > kCombineBytes ? kPipeBytes : kCombineBytes);
   static_assert(kCopiesPerTile * kRowsPerCopy == kTileTokens, "tile rows must split evenly");
+  static_assert(!kWiden || (kTileTokens * kChunks) % 32 == 0, "a warp widens whole chunks");
+
+  /** Where 16-byte chunk `chunk` of tile row `row` lies in a ring stage: 16-bit rows swizzled
+   *  (chunk ^ row) for conflict-free ldmatrix, fp8 rows as they are. */
+  __host__ __device__ static constexpr uint32_t ring_chunk(uint32_t row, uint32_t chunk) {
+    return kWiden ? row * kChunks + chunk : row * kChunks + (chunk ^ (row & 7));
+  }
   static_assert(kStages >= 2, "a ring needs two stages");
 };
 
