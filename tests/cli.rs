@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use assert_cmd::Command;
 use serde_json::Value;
 
 mod common;
@@ -44,6 +45,43 @@ fn aot_subset_is_include_minus_exclude() {
     assert!(rows.as_array().unwrap().iter().all(|r| r["aot"] == true
         && r["params"]["width"] == 64
         && !(r["params"]["variant"] == "scaled" && r["params"]["mode"] == "max")));
+}
+
+/// The repository's batch_decode: an fp8 KV cache is its `kv_dtype` axis (`same`, the model
+/// dtype, first); no fp8 instance is precompiled, and those with rope_llama (which the prefill
+/// kernels would serve, and they read no fp8) are left out of the release with the reason.
+#[test]
+fn batch_decode_has_an_fp8_kv_dtype_axis_outside_the_aot_set() {
+    let o = Command::cargo_bin("flashgen")
+        .unwrap()
+        .arg("--config")
+        .arg(repo().join("variants.json"))
+        .args(["list-variants", "--json", "--module", "batch_decode"])
+        .output()
+        .unwrap();
+    let rows = json(&o);
+    let rows = rows.as_array().unwrap();
+    let kv = |r: &Value| r["params"]["kv_dtype"].as_str().unwrap().to_string();
+    let count = |v: &str| rows.iter().filter(|r| kv(r) == v).count();
+    assert!(count("same") > 0);
+    assert_eq!(count("fp8_e4m3"), count("same"));
+    assert_eq!(count("fp8_e5m2"), count("same"));
+    for r in rows {
+        let uri = r["uri"].as_str().unwrap();
+        assert!(uri.ends_with(&format!("_kv_dtype_{}", kv(r))), "{uri}");
+        assert_eq!(
+            r["codes"]["kv_dtype"],
+            ["same", "fp8_e4m3", "fp8_e5m2"]
+                .iter()
+                .position(|v| *v == kv(r))
+                .unwrap()
+        );
+        let fp8 = kv(r) != "same";
+        assert!(!(fp8 && r["aot"] == true), "{uri} is precompiled");
+        let rope_of_fp8 = fp8 && r["params"]["pos_encoding"] == "rope_llama";
+        assert_eq!(r["outside_release"].is_string(), rope_of_fp8, "{uri}");
+    }
+    assert!(rows.iter().any(|r| kv(r) == "same" && r["aot"] == true));
 }
 
 #[test]

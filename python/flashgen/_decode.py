@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _op
+from . import _fp8, _op
 from ._op import Spec, Stride, T
 from ._tensor import Output, TensorLike
 from ._variant import Variant
@@ -42,14 +42,15 @@ BATCH_DECODE = Spec(
     module="batch_decode",
     inputs=(
         T("q", {"*": ("B", "Hq", "D")}),
-        T("paged_kv_cache", _PAGED, field="paged_kv"),
+        T("paged_kv_cache", _PAGED, kind="cache", field="paged_kv"),
         T("kv_indptr", {"*": ("B+1",)}, kind="i32"),
         T("kv_indices", {"*": ("Ni",)}, kind="i32"),
         T("kv_last_page_len", {"*": ("B",)}, kind="i32"),
     ),
     out=("B", "Hq", "D"),
     lse=("B", "Hq"),
-    axes={"dtype": "$dtype", "head_dim": "D", "page_size": "P", "pos_encoding": "$pos_encoding"},
+    axes={"dtype": "$dtype", "head_dim": "D", "page_size": "P", "pos_encoding": "$pos_encoding",
+          "kv_dtype": "@paged_kv_cache"},
     fields={
         "batch_size": "B", "num_page_ids": "Ni", "num_qo_heads": "Hq", "num_kv_heads": "Hk", "head_dim": "D",
         "page_size": "P", "q_stride_b": Stride("q", "B"), "q_stride_h": Stride("q", "Hq"),
@@ -58,7 +59,9 @@ BATCH_DECODE = Spec(
         "o_stride_b": Stride("o", "B"), "o_stride_h": Stride("o", "Hq"),
     },
     checks=(_op.gqa,),
-    options=_op.rope_options,
+    options=lambda what, pos, theta, scale, k_scale, v_scale: {
+        **_op.rope_options(what, pos, theta, scale), **_fp8.scale_options(what, k_scale, v_scale)},
+    check_params=_fp8.check_cache_call,
 )
 
 
@@ -125,6 +128,8 @@ def batch_decode(
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     **variant_params: Any,
 ) -> Output:
     """Decode attention for a batch of requests over a paged KV cache.
@@ -133,17 +138,23 @@ def batch_decode(
         q: ``[batch, num_qo_heads, head_dim]``, float16 or bfloat16, on a CUDA device.
         paged_kv_cache: ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (``"NHD"``) or
             ``[num_pages, 2, num_kv_heads, page_size, head_dim]`` (``"HND"``); index 0 of the
-            second dimension holds K, 1 holds V.
+            second dimension holds K, 1 holds V. Its dtype is ``q``'s, or fp8
+            (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``: half the memory and the bytes read;
+            strides then multiples of 16 elements; not with ``pos_encoding="rope_llama"``).
         kv_indptr: int32 ``[batch + 1]``: request ``b`` owns ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``.
         kv_indices: int32 page ids, ``[kv_indptr[batch]]``.
         kv_last_page_len: int32 ``[batch]``, entries in the last page of each request (1..page_size).
         pos_encoding, rope_theta, rope_scale, variant, sm_scale, return_lse, out, backend,
             variant_params: as in ``single_decode``; the LSE is float32 ``[batch, num_qo_heads]``.
+        k_scale, v_scale: an fp8 cache's per-tensor scales (K = ``k_scale`` times the stored
+            values, V likewise): ``k_scale`` multiplies the query after the variant's
+            QueryTransform (every variant sees the logits of the scaled K), ``v_scale`` the output
+            before its OutputTransform. Leave them at 1.0 with a float16/bfloat16 cache.
 
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     tensors = (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)
     return _op.call(BATCH_DECODE, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (pos_encoding, rope_theta, rope_scale), variant_params,
+                    (pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
                     backend)

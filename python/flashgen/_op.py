@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from . import _common as C
-from . import _cuda
+from . import _cuda, _fp8
 from ._errors import KernelError
 from ._kernels import StatusError, args_decl, args_struct, call_fields, entry_name
 from ._matrix import matrix
@@ -41,7 +41,9 @@ SYMBOLS = {
 class T(NamedTuple):
     """A tensor argument: ``dims`` maps a KV layout (or ``"*"``) to its dimension symbols; a
     digit is a fixed size, ``"B+1"`` a symbol plus a constant. ``kind`` is ``"attn"`` (f16/bf16,
-    one dtype for all, last dimension contiguous) or ``"i32"`` (1-D contiguous int32)."""
+    one dtype for all, last dimension contiguous), ``"cache"`` (a KV cache: the attn dtype or an
+    fp8 type, last dimension contiguous; an axis ``"@<name>"`` is its ``kv_dtype``, see _fp8) or
+    ``"i32"`` (1-D contiguous int32)."""
 
     name: str
     dims: Mapping[str, tuple[str, ...]]
@@ -66,13 +68,15 @@ class Spec(NamedTuple):
     inputs: tuple[T, ...]  # in the order of the struct's per-call fields
     out: tuple[str, ...]  # o's dimensions (o takes the inputs' dtype)
     lse: tuple[str, ...]  # the LSE's dimensions (float32)
-    axes: Mapping[str, str]  # axis -> a symbol, or "$dtype" / "$<option>"
+    axes: Mapping[str, str]  # axis -> a symbol, or "$dtype" / "$<option>" / "@<cache tensor>"
     fields: Mapping[str, Any]  # struct field -> a symbol, a Stride, or a constant
     checks: tuple[Callable[[str, dict[str, int]], None], ...] = ()
     # (what, *option values) -> the checked options (axes by "$name", struct fields by name); run
     # on the checked path only, so the plan key holds the raw values.
     options: Callable[..., dict[str, Any]] = lambda what: {}
     uses_layout: bool = True
+    # (what, axis values, checked options): combinations of them that no instance serves.
+    check_params: Callable[[str, Mapping[str, Any], Mapping[str, Any]], None] = lambda what, p, o: None
 
 
 def _describe_dims(t: T, layout: str) -> str:
@@ -357,7 +361,8 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
         _check_expected(what, expect, sym, bound.by, dtype)
     for check in spec.checks:
         check(what, sym)
-    C.check_last_dim_contiguous(what, ts, attn + ["out"])
+    caches = [t.name for t in spec.inputs if t.kind == "cache"]
+    C.check_last_dim_contiguous(what, ts, attn + caches + ["out"])
     out_shape = tuple(sym[s] for s in spec.out)
     if out is not None:
         C.check_out(what, "out", ts["out"], out_shape, dtype, device)
@@ -393,7 +398,11 @@ def instance_params(spec: Spec, what: str, sym: Mapping[str, int], dtype: str, o
     vname, custom, packer = C.resolve_variant(what, spec.module, variant, variant_params)
     params: dict[str, Any] = {}
     for axis, src in spec.axes.items():
-        params[axis] = dtype if src == "$dtype" else options[src[1:]] if src.startswith("$") else sym[src]
+        if src.startswith("@"):
+            params[axis] = _fp8.cache_dtype(what, src[1:], ts[src[1:]], dtype)
+        else:
+            params[axis] = dtype if src == "$dtype" else options[src[1:]] if src.startswith("$") else sym[src]
+    spec.check_params(what, params, options)
     params["variant"] = vname
     if backend is not None:
         backend_axis = matrix().module(spec.module).backend_axis

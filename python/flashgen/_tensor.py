@@ -45,7 +45,7 @@ class Tensor(NamedTuple):
     ptr: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    dtype: str  # "f16", "bf16", "f32", "i32", ... (other dtypes spelled as their framework does)
+    dtype: str  # "f16", "bf16", "f32", "i32", "fp8_e4m3", ... (others spelled as their framework does)
     device_type: int  # DLPack device type: 2 = CUDA
     device_id: int
     framework: str  # "torch", "cupy" or "dlpack"
@@ -96,7 +96,8 @@ class _DLTensor(ctypes.Structure):
 
 _DL_CODES = {(2, 16): "f16", (2, 32): "f32", (2, 64): "f64", (4, 16): "bf16", (0, 8): "i8",
              (0, 16): "i16", (0, 32): "i32", (0, 64): "i64", (1, 8): "u8", (1, 32): "u32",
-             (1, 64): "u64", (6, 8): "bool"}
+             (1, 64): "u64", (6, 8): "bool",
+             (10, 8): "fp8_e4m3", (12, 8): "fp8_e5m2"}  # DLPack 1.1's kDLFloat8_e4m3fn, _e5m2
 
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
@@ -188,6 +189,9 @@ class _Torch(Framework):
                       (torch.uint8, "u8"), (torch.int8, "i8"), (torch.bool, "bool")):
             _TORCH_DT[dt] = s
             _TORCH_FROM[s] = dt
+        for attr, s in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):  # torch >= 2.1
+            if hasattr(torch, attr):
+                _TORCH_DT[getattr(torch, attr)] = s
         self._devices: dict[int, Any] = {}
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._raw_stream: Callable[[int], int] | None = raw

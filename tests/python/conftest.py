@@ -261,7 +261,7 @@ _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 _DTYPES = {"f16": (2, 16), "bf16": (4, 16), "f32": (2, 32), "i32": (0, 32), "i64": (0, 64), "f64": (2, 64),
-           "u8": (1, 8), "bool": (6, 8)}
+           "u8": (1, 8), "bool": (6, 8), "fp8_e4m3": (10, 8), "fp8_e5m2": (12, 8)}
 
 
 class FakeCudaTensor:
@@ -330,6 +330,7 @@ FAKE_MATRIX: dict[str, Any] = {
             {"name": "page_size", "type": "int", "values": [1, 16]},
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
             {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
+            {"name": "kv_dtype", "type": "enum", "values": ["same", "fp8_e4m3", "fp8_e5m2"]},
         ]},
         **{mod: {"entry_points": [], "axes": [
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},

@@ -245,6 +245,15 @@ def test_valid_call_without_a_driver_is_a_clear_error(fake_matrix: Any) -> None:
         _bd(fake_matrix, kv_layout="HND", cache=FakeCudaTensor((10, 2, 8, 16, 128)))
 
 
+@needs_no_driver
+@pytest.mark.parametrize("cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_cache_call_passes_validation(fake_matrix: Any, cache_dtype: str) -> None:
+    # Every check passes (the cache's kv_dtype finds an instance); only the missing driver stops it.
+    cache = FakeCudaTensor((10, 2, 16, 8, 128), cache_dtype)
+    with pytest.raises(NoGPUError, match="no CUDA driver"):
+        _bd(fake_matrix, cache=cache, k_scale=0.25, v_scale=2)
+
+
 @pytest.mark.parametrize("kw, exc, match", [
     ({"kv_layout": "NDH"}, ValueError, "kv_layout must be one of NHD, HND, got 'NDH'"),
     ({"q": FakeCudaTensor((32, 128), "f32")}, TypeError, "q must be float16 or bfloat16, got f32"),
@@ -274,9 +283,9 @@ def test_single_decode_validation(fake_matrix: Any, kw: dict[str, Any], exc: typ
 @pytest.mark.parametrize("kw, exc, match", [
     ({"page_size": 8}, ValueError, "page_size=8 is not in the variant matrix; page_size takes 1, 16"),
     ({"page_size": 1, "head_dim": 256}, ValueError,
-     "no instance of batch_decode has dtype=bf16, head_dim=256, page_size=1, pos_encoding=none, variant=default; "
-     r"instances exist for head_dim=64\|128 \(with dtype=bf16, page_size=1, pos_encoding=none, variant=default\); "
-     "or page_size=16"),
+     "no instance of batch_decode has dtype=bf16, head_dim=256, page_size=1, pos_encoding=none, kv_dtype=same, "
+     r"variant=default; instances exist for head_dim=64\|128 \(with dtype=bf16, page_size=1, pos_encoding=none, "
+     r"variant=default, kv_dtype=same\); or page_size=16"),
     ({"indptr": FakeCudaTensor((5,), "i64")}, TypeError, "kv_indptr must be an int32 tensor, got i64"),
     ({"indptr": FakeCudaTensor((4,), "i32")}, ValueError, r"kv_indptr must have batch \+ 1 = 5 entries, got 4"),
     ({"last": FakeCudaTensor((5,), "i32")}, ValueError, "kv_last_page_len has batch 5 but q has 4"),
@@ -284,6 +293,21 @@ def test_single_decode_validation(fake_matrix: Any, kw: dict[str, Any], exc: typ
     ({"cache": FakeCudaTensor((10, 2, 16, 8, 64))}, ValueError, "paged_kv_cache has head_dim 64 but q has 128"),
     ({"kv_layout": "HND", "cache": FakeCudaTensor((10, 2, 12, 16, 128))}, ValueError, "num_qo_heads \\(32\\) must be a multiple of num_kv_heads \\(12\\)"),
     ({"variant": "alibi", "alibi_slopes": FakeCudaTensor((32,), "f16")}, TypeError, "alibi_slopes must be a f32 tensor, got f16"),
+    # An fp8 KV cache: q stays 16-bit, the cache is q's dtype or fp8, scales are finite numbers
+    # for an fp8 cache only, and rope_llama (the prefill kernels) reads no fp8.
+    ({"q": FakeCudaTensor((4, 32, 128), "fp8_e4m3"), "cache": FakeCudaTensor((10, 2, 16, 8, 128), "fp8_e4m3")},
+     TypeError, "q must be float16 or bfloat16, got fp8_e4m3"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 128), "f16")}, TypeError,
+     r"paged_kv_cache must be bf16 like q, or an fp8 type \(torch.float8_e4m3fn or torch.float8_e5m2\), got f16"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 128), "fp8_e4m3"), "k_scale": "2"}, TypeError,
+     "k_scale must be a real number"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 128), "fp8_e5m2"), "v_scale": None}, TypeError,
+     "v_scale must be a real number"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 128), "fp8_e4m3"), "k_scale": float("inf")}, ValueError,
+     "k_scale must be finite, got inf"),
+    ({"k_scale": 0.5}, ValueError, "k_scale and v_scale apply to an fp8 KV cache, but the cache is bf16 like q"),
+    ({"cache": FakeCudaTensor((10, 2, 16, 8, 128), "fp8_e5m2"), "pos_encoding": "rope_llama"}, ValueError,
+     r"pos_encoding='rope_llama' is not supported with an fp8 KV cache \(fp8_e5m2\)"),
 ])
 def test_batch_decode_validation(fake_matrix: Any, kw: dict[str, Any], exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):

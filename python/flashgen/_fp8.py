@@ -1,0 +1,56 @@
+"""An fp8 KV cache: which cache dtypes a module with a ``kv_dtype`` axis takes, and its scales.
+
+A cache tensor (``T(kind="cache")``) holds the attention dtype (q's: float16 or bfloat16) or an
+fp8 type; the ``kv_dtype`` axis names which (``same``, ``fp8_e4m3``, ``fp8_e5m2``). An fp8 cache
+stores K / k_scale and V / v_scale: the kernel multiplies the (transformed) query by ``k_scale``
+and the output by ``v_scale``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Mapping
+
+from ._tensor import Tensor
+
+__all__ = ["FP8_DTYPES", "cache_dtype", "scale_options", "check_cache_call"]
+
+# Our dtype names (as _tensor.describe spells them) of the fp8 cache types, and torch's.
+FP8_DTYPES = {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2"}
+SAME = "same"  # the kv_dtype value of a cache in the attention dtype
+
+
+def cache_dtype(what: str, name: str, t: Tensor, attn_dtype: str) -> str:
+    """The ``kv_dtype`` value of cache tensor ``t`` beside attention tensors of ``attn_dtype``."""
+    if t.dtype == attn_dtype:
+        return SAME
+    if t.dtype in FP8_DTYPES:
+        return t.dtype
+    raise TypeError(f"{what}: {name} must be {attn_dtype} like q, or an fp8 type "
+                    f"({' or '.join(FP8_DTYPES.values())}), got {t.dtype}")
+
+
+def scale_options(what: str, k_scale: Any, v_scale: Any) -> dict[str, float]:
+    """``k_scale`` and ``v_scale`` as struct fields: real, finite numbers."""
+    scales = {}
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{what}: {name} must be a real number (a Python float), got {value!r}")
+        scales[name] = float(value)
+        if not math.isfinite(scales[name]):
+            raise ValueError(f"{what}: {name} must be finite, got {value}")
+    return scales
+
+
+def check_cache_call(what: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    """What an fp8 cache cannot combine with, and scales without one."""
+    kv_dtype = params["kv_dtype"]
+    if kv_dtype != SAME and params.get("pos_encoding") == "rope_llama":
+        raise ValueError(f"{what}: pos_encoding='rope_llama' is not supported with an fp8 KV cache "
+                         f"({kv_dtype}): rope_llama decode runs the prefill kernels, which read "
+                         "float16/bfloat16 K/V only; rotate the keys before quantizing and pass "
+                         "pos_encoding='none'")
+    if kv_dtype == SAME and (options["k_scale"] != 1.0 or options["v_scale"] != 1.0):
+        raise ValueError(f"{what}: k_scale and v_scale apply to an fp8 KV cache, but the cache is "
+                         f"{params['dtype']} like q; leave them at 1.0 (scale the tensors instead)")
