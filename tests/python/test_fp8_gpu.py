@@ -1,0 +1,104 @@
+"""batch_decode over an fp8 KV cache (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``) on a GPU,
+against the fp32 reference of test_api_gpu on the dequantized cache (``cache.float() * scale``):
+bf16 and f16 q, head_dim 64/128/256, page sizes 1 and 16, NHD and HND, k_scale and v_scale not 1,
+GQA 32/8, every built-in variant, return_lse, and a split-KV shape (a small batch of long
+requests). The fp8 instances are not precompiled: the first call of each compiles it (JIT).
+Skips without torch, a CUDA device or torch's fp8 dtypes.
+
+Tolerances are test_api_gpu's: the widening is exact, so the kernel's error is the 16-bit path's
+(P rounded to q's dtype for P V, the output rounded once).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "float8_e5m2"):
+    pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
+
+import flashgen  # noqa: E402
+from test_api_gpu import (  # noqa: E402
+    DEV, NUM_QO, TORCH_DT, assert_close, gather_kv, make_paged, reference, variant_params,
+)
+
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+VARIANTS = ["default", "soft_cap", "sliding_window", "alibi", "sigmoid"]
+K_SCALE, V_SCALE = 0.75, 1.5
+
+
+@pytest.fixture(scope="module")
+def _fp8_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("fp8-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(_fp8_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One JIT cache for the module: each fp8 instance compiles once."""
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", _fp8_cache)
+
+
+def run_fp8(dtype: str, fp8: str, head_dim: int, page_size: int, variant: str, layout: str,
+            lens: list[int], k_scale: float = K_SCALE, v_scale: float = V_SCALE) -> None:
+    what = f"batch_decode {dtype} q, {fp8} cache, d{head_dim} ps{page_size} {variant} {layout} {lens}"
+    gen = torch.Generator(device=DEV).manual_seed(hash((dtype, fp8, head_dim, page_size, variant, layout)) % 2**31)
+    t = TORCH_DT[dtype]
+    stored, indptr, indices, last = make_paged(lens, page_size, head_dim, layout, torch.float32, gen)
+    cache = stored.to(FP8[fp8])  # the stored values; the cache holds K / k_scale and V / v_scale
+    q = torch.randn(len(lens), NUM_QO, head_dim, device=DEV, dtype=t, generator=gen)
+    params = variant_params(variant)
+    o, lse = flashgen.batch_decode(q, cache, indptr, indices, last, kv_layout=layout, variant=variant,
+                                   return_lse=True, k_scale=k_scale, v_scale=v_scale, **params)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (len(lens), NUM_QO)
+    for b in range(len(lens)):
+        k, v = gather_kv(cache.float(), indptr, indices, lens, b, layout)
+        ref, ref_lse = reference(q[b], k * k_scale, v * v_scale, variant, 1.0 / math.sqrt(head_dim), params)
+        assert_close(o[b], ref, dtype, f"{what} b{b}", lse[b], ref_lse)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("fp8", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_fp8_cache_shapes(dtype: str, fp8: str, head_dim: int, page_size: int, layout: str) -> None:
+    run_fp8(dtype, fp8, head_dim, page_size, "default", layout, [1, 17, 300, 1029])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype, fp8", [("bf16", "fp8_e4m3"), ("f16", "fp8_e5m2")])
+def test_fp8_cache_every_variant(dtype: str, fp8: str, variant: str) -> None:
+    run_fp8(dtype, fp8, 128, 16, variant, "NHD", [1, 17, 300, 1029])
+
+
+@pytest.mark.parametrize("fp8", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_cache_split_kv(fp8: str) -> None:
+    # Two requests of 8k and 5k tokens: 16 (request, kv head) units, so the plan splits the KV
+    # and the merge combines partials that already carry v_scale.
+    run_fp8("bf16", fp8, 128, 16, "default", "NHD", [8192, 5003], k_scale=0.3, v_scale=2.5)
+    run_fp8("bf16", fp8, 128, 16, "soft_cap", "HND", [8192, 5003], k_scale=0.3, v_scale=2.5)
+
+
+def test_fp8_cache_with_unit_scales_matches_the_dequantized_bf16_cache() -> None:
+    # The same call on the fp8 cache and on its exact bf16 copy: the widening is exact, and the
+    # two kernels then do the same arithmetic.
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    lens = [33, 700, 4096]
+    stored, indptr, indices, last = make_paged(lens, 16, 128, "NHD", torch.float32, gen)
+    cache = stored.to(torch.float8_e4m3fn)
+    q = torch.randn(len(lens), NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+    o8 = flashgen.batch_decode(q, cache, indptr, indices, last)
+    o16 = flashgen.batch_decode(q, cache.to(torch.bfloat16), indptr, indices, last)
+    torch.testing.assert_close(o8, o16, atol=0, rtol=0)
+
+
+def test_fp8_cache_with_rope_llama_is_refused() -> None:
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    cache, indptr, indices, last = make_paged([5], 16, 128, "NHD", torch.float32, gen)
+    q = torch.randn(1, NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+    with pytest.raises(ValueError, match="rope_llama.*not supported with an fp8 KV cache"):
+        flashgen.batch_decode(q, cache.to(torch.float8_e4m3fn), indptr, indices, last, pos_encoding="rope_llama")
