@@ -6,6 +6,12 @@ DIR holds instance .so files and manifest.json (`flashgen build --out DIR`). Eac
 median over --iters runs of CUDA events around one call, with the L2 flushed before every run
 (a 256 MB memset, which also gives the host time to queue the call). Bytes are what the call
 must move: Q + K + V + O (the page table and the LSE are left out).
+
+At 128 x 8192 the batch decode also runs over an fp8 (e4m3) cache when DIR holds that instance
+(`flashgen build --module batch_decode --where dtype=bf16 --where head_dim=128 --where
+page_size=16 --where pos_encoding=none --where variant=default --where 'kv_dtype=*'`): its row
+gives the speedup over the bf16 cache, and, with --fp8-ceiling TB/s (read_ceiling.cu's best
+plain read of the same bytes: its 64 x 8192 rows, 2.15 GB), its share of that ceiling.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ _loaded = {}
 
 def instance(libs, module, **params):
     params.setdefault("pos_encoding", "none")
+    if module == "batch_decode":
+        params.setdefault("kv_dtype", "same")
     key = (module,) + tuple(sorted(params.items()))
     inst, path = libs[key]
     if path not in _loaded:
@@ -70,16 +78,16 @@ def variant_args(variant):
     return st, [vals]
 
 
-def batch_setup(batch, kv_len):
+def batch_setup(batch, kv_len, cache_dtype=DT):
     npg = kv_len // PS
     total = batch * npg
-    paged = torch.randn(total, 2, PS, HKV, D, device=DEV, dtype=DT)
+    paged = torch.randn(total, 2, PS, HKV, D, device=DEV, dtype=DT).to(cache_dtype)
     indices = torch.randperm(total, device=DEV).to(torch.int32)
     indptr = torch.arange(0, total + 1, npg, device=DEV, dtype=torch.int32)
     last = torch.full((batch,), PS, device=DEV, dtype=torch.int32)
     q = torch.randn(batch, HQ, D, device=DEV, dtype=DT)
     o = torch.empty_like(q)
-    nbytes = 2 * q.numel() * 2 + batch * kv_len * HKV * D * 2 * 2
+    nbytes = 2 * q.numel() * 2 + batch * kv_len * HKV * D * 2 * paged.element_size()
     return paged, indices, indptr, last, q, o, nbytes
 
 
@@ -88,7 +96,7 @@ def batch_call(lib, codes, variant, batch, st_setup):
     st, keep = variant_args(variant)
     ws_bytes = lib.workspace_size("batch_decode", BatchDecodeArgs(
         batch_size=batch, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=PS,
-        dtype_code=codes["dtype"], variant_code=codes["variant"]))
+        dtype_code=codes["dtype"], variant_code=codes["variant"], kv_dtype_code=codes["kv_dtype"]))
     ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device=DEV)  # zeroed once (abi.h)
     stream = torch.cuda.current_stream().cuda_stream
     args = BatchDecodeArgs(
@@ -99,9 +107,31 @@ def batch_call(lib, codes, variant, batch, st_setup):
         num_kv_heads=HKV, head_dim=D, page_size=PS, q_stride_b=q.stride(0), q_stride_h=q.stride(1),
         kv_stride_page=paged.stride(0), kv_stride_kv=paged.stride(1), kv_stride_n=paged.stride(2),
         kv_stride_h=paged.stride(3), o_stride_b=o.stride(0), o_stride_h=o.stride(1),
-        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=1 / math.sqrt(D))
+        dtype_code=codes["dtype"], variant_code=codes["variant"], kv_dtype_code=codes["kv_dtype"],
+        sm_scale=1 / math.sqrt(D), k_scale=1.0, v_scale=1.0)
     fn, addr = lib.batch_decode, ctypes.addressof(args)
     return lambda: fn(addr), (st, keep, ws, args)
+
+
+def fp8_row(row, timer, libs, batch, kv_len, t_bf16, ceiling):
+    """The same batch decode over an e4m3 cache: its time, its speedup over the bf16 cache and
+    its share of the read ceiling of its bytes."""
+    try:
+        lib, codes = instance(libs, "batch_decode", dtype="bf16", head_dim=D, page_size=PS,
+                              variant="default", kv_dtype="fp8_e4m3")
+    except KeyError:
+        print("  (no kv_dtype=fp8_e4m3 instance in the build folder: fp8 row skipped)", flush=True)
+        return
+    setup = batch_setup(batch, kv_len, torch.float8_e4m3fn)
+    fn, keep = batch_call(lib, codes, "default", batch, setup)
+    t = timer(fn)
+    nbytes = setup[-1]
+    share = (f", {nbytes / t / 1e12 / ceiling * 100:.0f}% of the {ceiling:.2f} TB/s ceiling"
+             if ceiling else "")
+    row(f"  fp8_e4m3 cache {batch}x{kv_len} ({t_bf16 / t:.2f}x bf16{share})", t, nbytes,
+        ">= 1.8x bf16, >= 90% of the fp8 bytes' read ceiling")
+    del setup, keep
+    torch.cuda.empty_cache()
 
 
 def sdpa_fns(q4, k4, v4):
@@ -146,6 +176,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="flashgen default rows only")
     ap.add_argument("--profile", action="store_true", help="per-kernel times (torch.profiler)")
     ap.add_argument("--single-only", action="store_true", help="single_decode rows only")
+    ap.add_argument("--fp8-ceiling", type=float, default=None,
+                    help="TB/s of read_ceiling.cu's best read of the fp8 cache's bytes (its "
+                         "64 x 8192 rows), to report the fp8 batch decode's share of it")
     ap.add_argument("--backend", default=None,
                     help="single_decode's backend (default: sm90 on compute capability 9.x, else "
                          "portable)")
@@ -180,6 +213,8 @@ def main():
         fn, keep = batch_call(lib, codes, "default", batch, setup)
         t_default = timer(fn)
         row(f"batch_decode {batch}x{kv_len} default", t_default, nbytes, goal)
+        if batch == 128:
+            fp8_row(row, timer, libs, batch, kv_len, t_default, a.fp8_ceiling)
         if a.profile:
             profile_kernels(fn, timer)
         if a.quick:

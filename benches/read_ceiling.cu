@@ -19,6 +19,9 @@
  *   table): CTA (piece s, kv head h) reads head h's rows of a run of logical pages, 2 * U pages
  *   in flight. Run at the batch-decode goals' sizes (64 x 4096 and 128 x 8192 tokens) beside
  *   the stream, it is the floor under those goals (>= 4.35 and >= 4.6 TB/s).
+ *   64 x 8192 rows are the bytes of 128 x 8192 tokens of an fp8 cache (2.15 GB): the best plain
+ *   read of them is the ceiling an fp8 batch decode is measured against (bench_decode.py
+ *   --fp8-ceiling).
  *
  *   nvcc -O3 -std=c++17 -Iinclude -gencode=arch=compute_90a,code=sm_90a -L<nvcc root>/lib \
  *     -cudart=static benches/read_ceiling.cu -o read_ceiling && ./read_ceiling [reps]
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
   int* table;
   CK(cudaMalloc(&table, h_table.size() * sizeof(int)));
   CK(cudaMemcpy(table, h_table.data(), h_table.size() * sizeof(int), cudaMemcpyHostToDevice));
-  for (int rows : {32768, 1024, 64 * 4096, 128 * 8192}) {
+  for (int rows : {32768, 1024, 64 * 4096, 64 * 8192, 128 * 8192}) {
     const bool batch = rows > 32768;
     struct Cfg {
       std::string name;

@@ -224,6 +224,8 @@ def instance(module, **params):
 
 def find_instance(module, **params):
     params.setdefault("pos_encoding", "none")  # RoPE decode is tested through the API (test_prefill_gpu)
+    if module == "batch_decode":
+        params.setdefault("kv_dtype", "same")  # an fp8 cache is tested through the API (test_fp8_gpu)
     backend = backend_for(module)
     if backend is not None:
         params.setdefault("backend", backend)
@@ -325,7 +327,8 @@ def run_batch(lib, codes, q, paged, indptr, indices, last, page_size, layout, va
         page_size=page_size, q_stride_b=q.stride(0), q_stride_h=q.stride(1),
         kv_stride_page=paged.stride(0), kv_stride_kv=paged.stride(1), kv_stride_n=s_n,
         kv_stride_h=s_h, o_stride_b=o.stride(0), o_stride_h=o.stride(1),
-        dtype_code=codes["dtype"], variant_code=codes["variant"], sm_scale=sm_scale)
+        dtype_code=codes["dtype"], variant_code=codes["variant"], kv_dtype_code=codes["kv_dtype"],
+        sm_scale=sm_scale)
     ws_bytes = lib.workspace_size("batch_decode", args)
     ws = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=q.device)
     args.workspace, args.workspace_bytes = ws.data_ptr(), ws_bytes
