@@ -172,9 +172,9 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
       const uint32_t pos = tpos + row;
       const bool valid = pos < end;
       const uint32_t dst = Traits::ring_chunk(row, copy_chunk) * 16;
-      const uint32_t elem = copy_chunk * Traits::kElemsPerChunk;
-      const DTypeKV* k_src = valid ? kv.k_row(h, pos) + elem : kv.k_row(0, begin);
-      const DTypeKV* v_src = valid ? kv.v_row(h, pos) + elem : kv.v_row(0, begin);
+      constexpr int kElems = Traits::kElemsPerChunk;
+      const DTypeKV* k_src = valid ? kv.k_row(h, pos) + copy_chunk * kElems : kv.k_row(0, begin);
+      const DTypeKV* v_src = valid ? kv.v_row(h, pos) + copy_chunk * kElems : kv.v_row(0, begin);
       ptx::cp_async_16(k_dst + dst, k_src, valid ? 16u : 0u);
       ptx::cp_async_16(v_dst + dst, v_src, valid ? 16u : 0u);
     }
