@@ -25,21 +25,12 @@ import flashgen  # noqa: E402
 from test_api_gpu import (  # noqa: E402
     DEV, NUM_QO, TORCH_DT, assert_close, gather_kv, make_paged, reference, variant_params,
 )
+# test_api_gpu's JIT cache, one for the session (its fixtures, used here by their names).
+from test_api_gpu import _gpu_cache, _shared_cache  # noqa: E402, F401
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 VARIANTS = ["default", "soft_cap", "sliding_window", "alibi", "sigmoid"]
 K_SCALE, V_SCALE = 0.75, 1.5
-
-
-@pytest.fixture(scope="module")
-def _fp8_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("fp8-cache"))
-
-
-@pytest.fixture(autouse=True)
-def _shared_cache(_fp8_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One JIT cache for the module: each fp8 instance compiles once."""
-    monkeypatch.setenv("FLASHGEN_CACHE_DIR", _fp8_cache)
 
 
 def run_fp8(dtype: str, fp8: str, head_dim: int, page_size: int, variant: str, layout: str,
