@@ -69,11 +69,11 @@ constexpr int kWarps = 4;
 // at most ~128 KB a block so sm_80 still fits one.
 constexpr int stages(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 128 ? 3 : 2); }
 
-// The same for an fp8 cache: a stage is half the bytes, and each warp adds 16-bit K and V tiles
-// to widen into, so one more stage at head_dim 64 and 128 keeps a block's shared memory (and the
-// blocks an SM holds) at the 16-bit ring's; head_dim 256 keeps 2 (128 KB a block). Not yet
-// measured against other depths.
-constexpr int fp8_stages(int head_dim) { return head_dim == 256 ? 2 : stages(head_dim) + 1; }
+// The same for an fp8 cache: a stage is half the bytes, and each warp adds a 16-bit V tile to
+// widen into, so two more stages at head_dim 64 and 128 and one more at 256 keep a block's
+// shared memory (and the blocks an SM holds) at most the 16-bit ring's, with more tiles in
+// flight. Not yet measured against other depths.
+constexpr int fp8_stages(int head_dim) { return stages(head_dim) + (head_dim == 256 ? 1 : 2); }
 
 // Independent score accumulators a tile: 4 halve the dependent mma chain at head_dim <= 128;
 // head_dim 256 keeps 2 (registers).

@@ -74,9 +74,10 @@ def test_fp8_cache_split_kv(fp8: str) -> None:
     run_fp8("bf16", fp8, 128, 16, "soft_cap", "HND", [8192, 5003], k_scale=0.3, v_scale=2.5)
 
 
-def test_fp8_cache_with_unit_scales_matches_the_dequantized_bf16_cache() -> None:
-    # The same call on the fp8 cache and on its exact bf16 copy: the widening is exact, and the
-    # two kernels then do the same arithmetic.
+def test_fp8_cache_with_unit_scales_matches_its_bf16_copy() -> None:
+    # The same call on the fp8 cache and on its exact bf16 copy: the widening is exact, so the two
+    # differ only by the order of the sums (the fp8 path reads K's dims in another order and may
+    # split the KV otherwise).
     gen = torch.Generator(device=DEV).manual_seed(7)
     lens = [33, 700, 4096]
     stored, indptr, indices, last = make_paged(lens, 16, 128, "NHD", torch.float32, gen)
@@ -84,7 +85,8 @@ def test_fp8_cache_with_unit_scales_matches_the_dequantized_bf16_cache() -> None
     q = torch.randn(len(lens), NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
     o8 = flashgen.batch_decode(q, cache, indptr, indices, last)
     o16 = flashgen.batch_decode(q, cache.to(torch.bfloat16), indptr, indices, last)
-    torch.testing.assert_close(o8, o16, atol=0, rtol=0)
+    for b in range(len(lens)):
+        assert_close(o8[b], o16[b].float(), "bf16", f"fp8 cache vs its bf16 copy b{b}")
 
 
 def test_fp8_cache_with_rope_llama_is_refused() -> None:

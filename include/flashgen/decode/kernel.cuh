@@ -7,10 +7,11 @@
  * in shared memory. The block writes either the final output (one split) or a partial result
  * for merge.cuh (split-KV).
  *
- * An fp8 cache (traits.cuh) is streamed as it is stored and widened to the query's 16-bit type a
- * tile at a time (widen_tile), exactly (dtype.cuh); its k_scale multiplies the transformed query
- * and its v_scale the attention output before OutputTransform (and so every split's partial,
- * which the merge combines as it is).
+ * An fp8 cache (traits.cuh) is streamed as it is stored and widened to the query's 16-bit type,
+ * exactly (dtype.cuh): K straight into each lane's fragments (k_fp8_frag), V a tile at a time
+ * into shared memory (widen_tile); its k_scale multiplies the transformed query and its v_scale
+ * the attention output before OutputTransform (and so every split's partial, which the merge
+ * combines as it is).
  */
 #pragma once
 
@@ -69,8 +70,9 @@ struct PagedKV {
 };
 
 /**
- * One fp8 K or V tile of a ring stage (16 rows of kChunks 16-byte chunks, unswizzled) widened to
- * the 16-bit tile the mma path reads (ring_chunk's swizzled layout, kFragChunks chunks a row).
+ * One fp8 V tile of a ring stage (16 rows of kChunks 16-byte chunks, ring_chunk's layout) widened
+ * to the 16-bit tile the mma path reads (the 16-bit ring's swizzled layout, kFragChunks chunks a
+ * row).
  * A lane widens whole chunks: 16 bytes into chunks 2c and 2c + 1 of its row. Lanes whose chunk
  * has bit 2 set read the chunk's two halves the other way round and so store chunk 2c + 1 first:
  * the eight lanes of a store phase then hit eight distinct 16-byte bank groups.
@@ -84,7 +86,7 @@ __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uin
 #pragma unroll
   for (int j = 0; j < Traits::kTileTokens * kC / 32; ++j) {
     const uint32_t row = (lane + 32 * j) / kC;
-    const uint8_t* chunk = src + (row * kC + c) * 16;
+    const uint8_t* chunk = src + Traits::ring_chunk(row, c) * 16;
     const uint2 x0 = *reinterpret_cast<const uint2*>(chunk + 8 * first);
     const uint2 x1 = *reinterpret_cast<const uint2*>(chunk + 8 * (1 - first));
     uint4 y0, y1;
@@ -96,6 +98,27 @@ __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uin
     *reinterpret_cast<uint4*>(out + ((2 * c + first) ^ (row & 7)) * 16) = y0;
     *reinterpret_cast<uint4*>(out + ((2 * c + 1 - first) ^ (row & 7)) * 16) = y1;
   }
+}
+
+/**
+ * K's A fragment of k step ks from an fp8 stage, widened in registers. Lane (group, pair) holds
+ * rows group and group + 8 at the k indices that query_dim<true> maps to dims
+ * (ks / 4) * 64 + pair * 16 + (ks % 4) * 4 ..+ 4: word ks % 4 of 16-byte chunk 4 * (ks / 4) + pair
+ * of each row, read once for four k steps into `raw`.
+ */
+template <typename Traits, typename Fp8, typename To>
+__device__ __forceinline__ void k_fp8_frag(const uint8_t* stage, uint32_t group, uint32_t pair,
+                                           int ks, uint4 (&raw)[2], uint32_t (&a)[4]) {
+  if (ks % 4 == 0) {
+    const uint32_t chunk = 4 * (ks / 4) + pair;
+    raw[0] = *reinterpret_cast<const uint4*>(stage + Traits::ring_chunk(group, chunk) * 16);
+    raw[1] = *reinterpret_cast<const uint4*>(stage + Traits::ring_chunk(group + 8, chunk) * 16);
+  }
+  const int w = ks % 4;
+  const uint32_t r0 = w == 0 ? raw[0].x : w == 1 ? raw[0].y : w == 2 ? raw[0].z : raw[0].w;
+  const uint32_t r1 = w == 0 ? raw[1].x : w == 1 ? raw[1].y : w == 2 ? raw[1].z : raw[1].w;
+  fp8::widen4<To, Fp8>(r0, a[0], a[2]);  // row group: k 2 * pair (+1), then 8 + 2 * pair (+1)
+  fp8::widen4<To, Fp8>(r1, a[1], a[3]);  // row group + 8
 }
 
 /** Where a block's result goes: the output rows (one split) or the workspace (split-KV). */
@@ -211,13 +234,13 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     const bool valid = group < num_heads;
     const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
     if constexpr (kWiden) {
-      load_query_split<DTypeMma>(qh, valid, pair, variant, params, qf, qf_lo,
-                                 QueryTimes{params.k_scale});
+      load_query_split<DTypeMma, Traits::kKSteps, DTypeQ, Variant, Params, QueryTimes, true>(
+          qh, valid, pair, variant, params, qf, qf_lo, QueryTimes{params.k_scale});
     } else {
       load_query_split<DTypeKV>(qh, valid, pair, variant, params, qf, qf_lo);
     }
   }
-  // An fp8 cache: the warp's 16-bit K and V tiles after its ring.
+  // An fp8 cache: the warp's 16-bit V tile after its ring.
   uint8_t* widened = ring + kS * Traits::kStageBytes;
   const uint32_t widened_addr = ring_addr + kS * Traits::kStageBytes;
 
@@ -227,20 +250,27 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     ptx::cp_async_wait<kS - 1>();
     __syncwarp();
 
-    uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
+    const uint32_t k_base = ring_addr + (i % kS) * Traits::kStageBytes;
     if constexpr (kWiden) {
       const uint8_t* stage = ring + (i % kS) * Traits::kStageBytes;
-      widen_tile<Traits, DTypeKV, DTypeMma>(stage, widened, lane);
-      widen_tile<Traits, DTypeKV, DTypeMma>(stage + Traits::kTileBytes,
-                                            widened + Traits::kWidenBytes / 2, lane);
+      widen_tile<Traits, DTypeKV, DTypeMma>(stage + Traits::kTileBytes, widened, lane);
       __syncwarp();
-      k_base = widened_addr;
+      uint4 raw[2];
+      kv_tile_step<Traits, kSoftmax, DTypeMma>(
+          [&](int ks, uint32_t (&a)[4]) {
+            k_fp8_frag<Traits, DTypeKV, DTypeMma>(stage, group, pair, ks, raw, a);
+          },
+          [&](int mt) {
+            return widened_addr + (v_row * kFragChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16;
+          },
+          tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
+    } else {
+      const uint32_t v_base = k_base + Traits::kTileBytes;
+      kv_tile_step<Traits, kSoftmax, DTypeMma>(
+          [&](int ks) { return k_base + (k_row * kFragChunks + ((ks * 2 + k_chunk0) ^ r7)) * 16; },
+          [&](int mt) { return v_base + (v_row * kFragChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16; },
+          tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
     }
-    const uint32_t v_base = k_base + (kWiden ? Traits::kWidenBytes / 2 : Traits::kTileBytes);
-    kv_tile_step<Traits, kSoftmax, DTypeMma>(
-        [&](int ks) { return k_base + (k_row * kFragChunks + ((ks * 2 + k_chunk0) ^ r7)) * 16; },
-        [&](int mt) { return v_base + (v_row * kFragChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16; },
-        tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
     __syncwarp();
   }
   ptx::cp_async_wait<0>();

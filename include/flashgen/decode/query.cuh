@@ -31,13 +31,29 @@ struct QueryTimes {
 };
 
 /**
+ * Where k index `2 * pair + 8 * half_k` (and the next) of k step ks reads the head: dim
+ * ks * 16 + half_k * 8 + 2 * pair, as ldmatrix lays K out; or, in the fp8 cache's order
+ * (kFp8Order), dim (ks / 4) * 64 + pair * 16 + (ks % 4) * 4 + half_k * 2, where a lane's four
+ * consecutive bytes of a K row are its fragment of one k step (the dot product sums over every
+ * dim, so K and Q need only agree on the order).
+ */
+template <bool kFp8Order>
+__device__ __forceinline__ int query_dim(int ks, int half_k, uint32_t pair) {
+  if constexpr (kFp8Order) {
+    return (ks / 4) * 64 + static_cast<int>(pair) * 16 + (ks % 4) * 4 + half_k * 2;
+  } else {
+    return ks * 16 + half_k * 8 + 2 * pair;
+  }
+}
+
+/**
  * Head row `qh` (read only when `valid`; zeros otherwise), dims 2 * pair.. of each of the kKSteps
- * k steps: qf[ks][half_k] holds the hi parts of dims ks * 16 + half_k * 8 + 2 * pair and the next,
+ * k steps: qf[ks][half_k] holds the hi parts of dim query_dim(ks, half_k, pair) and the next,
  * qf_lo the rest. `scale` maps each transformed value (QueryAsIs, or QueryTimes for an fp8
  * cache); DTypeKV is the 16-bit type of the mma.
  */
 template <typename DTypeKV, int kKSteps, typename DTypeQ, typename Variant, typename Params,
-          typename Scale = QueryAsIs>
+          typename Scale = QueryAsIs, bool kFp8Order = false>
 __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, uint32_t pair,
                                                  Variant& variant, const Params& params,
                                                  uint32_t (&qf)[kKSteps][2],
@@ -47,7 +63,7 @@ __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, u
   for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
     for (int half_k = 0; half_k < 2; ++half_k) {
-      const int d = ks * 16 + half_k * 8 + 2 * pair;
+      const int d = query_dim<kFp8Order>(ks, half_k, pair);
       float x0 = 0.f, x1 = 0.f;
       if (valid) {
         x0 = scale(hooks::query_transform(variant, params, to_float(qh[d])));

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "flashgen/decode/softmax.cuh"
 #include "flashgen/math.cuh"
@@ -27,11 +28,22 @@ struct WarpHeads {
   uint32_t group, pair;
 };
 
+/** K's A fragment of k step ks: `k_frag(ks)` is the shared-memory address of this lane's
+ *  ldmatrix_x4 row, or `k_frag(ks, a)` fills the fragment itself (an fp8 cache widens it). */
+template <typename KFrag>
+__device__ __forceinline__ void load_k_frag(const KFrag& k_frag, int ks, uint32_t (&a)[4]) {
+  if constexpr (std::is_invocable_v<const KFrag&, int, uint32_t (&)[4]>) {
+    k_frag(ks, a);
+  } else {
+    ptx::ldmatrix_x4(a, k_frag(ks));
+  }
+}
+
 /**
  * The tile of tokens [tpos, tpos + 16), of which those below `end` exist.
  * `k_frag(ks)`: the shared-memory address of this lane's ldmatrix_x4 row for k step ks of the K
- * tile (rows = tokens: 16-byte chunks 2 * ks and 2 * ks + 1); `v_frag(mt)`: the same for dims
- * 16 * mt.. of the V tile (read transposed).
+ * tile (rows = tokens: 16-byte chunks 2 * ks and 2 * ks + 1), or a loader (load_k_frag);
+ * `v_frag(mt)`: the same address for dims 16 * mt.. of the V tile (read transposed).
  */
 template <typename Traits, bool kSoftmax, typename DTypeKV, typename KFrag, typename VFrag,
           typename Variant, typename Params>
@@ -57,7 +69,7 @@ __device__ __forceinline__ void kv_tile_step(const KFrag& k_frag, const VFrag& v
 #pragma unroll
   for (int ks = 0; ks < Traits::kKSteps; ++ks) {
     uint32_t a[4];
-    ptx::ldmatrix_x4(a, k_frag(ks));
+    load_k_frag(k_frag, ks, a);
     const int c = (ks * 2) % kSChains;
     ptx::mma_16816<DTypeKV>(sc[c], a, qf[ks][0], qf[ks][1]);
     ptx::mma_16816<DTypeKV>(sc[(c + 1) % kSChains], a, qf_lo[ks][0], qf_lo[ks][1]);

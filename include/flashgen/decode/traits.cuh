@@ -7,10 +7,10 @@
  * 16-token tiles through private cp.async rings, then combine in shared memory.
  *
  * An fp8 cache (ELEM_BYTES_ 1) streams its one-byte tiles through the ring (half the bytes of a
- * 16-bit tile, stored unswizzled: a lane widens one 16-byte chunk, so eight lanes read 128
- * consecutive bytes) and each warp widens the tile it is at into a 16-bit K and V tile of its
- * own (`kWidenBytes`), laid out as a 16-bit ring stage, which the mma path reads as it reads the
- * 16-bit ring.
+ * 16-bit tile). A lane reads its K fragments from the fp8 stage and widens them in registers
+ * (16 bytes of one row serve four k steps: ring_chunk's swizzle keeps those reads conflict-free);
+ * the warp widens the V tile it is at into a 16-bit tile of its own (`kWidenBytes`, laid out as a
+ * 16-bit ring stage), which the mma path reads transposed as it reads the 16-bit ring.
  */
 #pragma once
 
@@ -49,8 +49,8 @@ struct DecodeTraits {
   static_assert(kScoreChains == 1 || kScoreChains == 2 || kScoreChains == 4, "1, 2 or 4 chains");
   static constexpr int kTileBytes = kTileTokens * kHeadDim * ELEM_BYTES_;  // K (or V) of a tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // The 16-bit K and V tiles a warp widens an fp8 stage into (none for a 16-bit cache).
-  static constexpr int kWidenBytes = kWiden ? 2 * kTileTokens * kHeadDim * 2 : 0;
+  // The 16-bit V tile a warp widens an fp8 stage's V into (none for a 16-bit cache).
+  static constexpr int kWidenBytes = kWiden ? kTileTokens * kHeadDim * 2 : 0;
   static constexpr int kWarpRingBytes = kStages * kStageBytes + kWidenBytes;
   static constexpr int kPipeBytes = kWarps * kWarpRingBytes;
   static constexpr int kCombineBytes =
@@ -62,9 +62,15 @@ struct DecodeTraits {
   static_assert(!kWiden || (kTileTokens * kChunks) % 32 == 0, "a warp widens whole chunks");
 
   /** Where 16-byte chunk `chunk` of tile row `row` lies in a ring stage: 16-bit rows swizzled
-   *  (chunk ^ row) for conflict-free ldmatrix, fp8 rows as they are. */
+   *  (chunk ^ row) for conflict-free ldmatrix; fp8 rows of 8 or more chunks have their halves of
+   *  64 bytes swapped in odd rows, so that a quarter warp's 16-byte K reads (rows 2i and 2i + 1,
+   *  chunks 4c..4c + 3) fall on eight distinct bank groups. */
   __host__ __device__ static constexpr uint32_t ring_chunk(uint32_t row, uint32_t chunk) {
-    return kWiden ? row * kChunks + chunk : row * kChunks + (chunk ^ (row & 7));
+    if constexpr (kWiden) {
+      return row * kChunks + (kChunks >= 8 ? chunk ^ ((row & 1) << 2) : chunk);
+    } else {
+      return row * kChunks + (chunk ^ (row & 7));
+    }
   }
   static_assert(kStages >= 2, "a ring needs two stages");
 };
