@@ -59,7 +59,7 @@ BATCH_DECODE = Spec(
         "o_stride_b": Stride("o", "B"), "o_stride_h": Stride("o", "Hq"),
     },
     checks=(_op.gqa,),
-    options=lambda what, pos, theta, scale, k_scale, v_scale: {
+    options=lambda what, pos, theta, scale, k_scale=1.0, v_scale=1.0: {
         **_op.rope_options(what, pos, theta, scale), **_fp8.scale_options(what, k_scale, v_scale)},
     check_params=_fp8.check_cache_call,
 )

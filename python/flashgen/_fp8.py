@@ -12,8 +12,6 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from ._tensor import Tensor
-
 __all__ = ["FP8_DTYPES", "cache_dtype", "scale_options", "check_cache_call"]
 
 # Our dtype names (as _tensor.describe spells them) of the fp8 cache types, and torch's.
@@ -21,14 +19,15 @@ FP8_DTYPES = {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2"
 SAME = "same"  # the kv_dtype value of a cache in the attention dtype
 
 
-def cache_dtype(what: str, name: str, t: Tensor, attn_dtype: str) -> str:
-    """The ``kv_dtype`` value of cache tensor ``t`` beside attention tensors of ``attn_dtype``."""
-    if t.dtype == attn_dtype:
+def cache_dtype(what: str, name: str, dtype: str, attn_dtype: str) -> str:
+    """The ``kv_dtype`` value of cache tensor ``name`` of ``dtype`` beside attention tensors of
+    ``attn_dtype``."""
+    if dtype == attn_dtype:
         return SAME
-    if t.dtype in FP8_DTYPES:
-        return t.dtype
+    if dtype in FP8_DTYPES:
+        return dtype
     raise TypeError(f"{what}: {name} must be {attn_dtype} like q, or an fp8 type "
-                    f"({' or '.join(FP8_DTYPES.values())}), got {t.dtype}")
+                    f"({' or '.join(FP8_DTYPES.values())}), got {dtype}")
 
 
 def scale_options(what: str, k_scale: Any, v_scale: Any) -> dict[str, float]:

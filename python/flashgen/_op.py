@@ -371,8 +371,9 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
         C.check_out(what, "lse", ts["lse"], lse_shape, "f32", device)
         if not ts["lse"].is_contiguous():
             raise ValueError(f"{what}: lse must be contiguous, got strides {list(ts['lse'].strides)}")
+    cache_dtypes = {name: ts[name].dtype for name in caches if name in ts}
     packer, params, custom = instance_params(spec, what, sym, dtype, options, variant, variant_params, backend,
-                                             device)
+                                             device, cache_dtypes)
     loaded = C.instance_for(what, spec.module, params, custom, device)
     alloc = allocator_for(fw)
     o = out if out is not None else alloc.empty(out_shape, dtype, device, what)
@@ -392,14 +393,17 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
 
 def instance_params(spec: Spec, what: str, sym: Mapping[str, int], dtype: str, options: Mapping[str, Any],
                     variant: Any, variant_params: dict[str, Any], backend: str | None,
-                    device: int) -> tuple[ParamPacker, dict[str, Any], Variant | None]:
+                    device: int, cache_dtypes: Mapping[str, str] | None = None,
+                    ) -> tuple[ParamPacker, dict[str, Any], Variant | None]:
     """The variant's parameter packer (the parameters checked), the instance's axis values and
-    the custom variant (or None) for a call of ``spec`` with these sizes, dtype and options."""
+    the custom variant (or None) for a call of ``spec`` with these sizes, dtype and options.
+    ``cache_dtypes``: the dtype of each cache tensor (kind ``"cache"``); one left out is ``dtype``."""
     vname, custom, packer = C.resolve_variant(what, spec.module, variant, variant_params)
     params: dict[str, Any] = {}
     for axis, src in spec.axes.items():
         if src.startswith("@"):
-            params[axis] = _fp8.cache_dtype(what, src[1:], ts[src[1:]], dtype)
+            name = src[1:]
+            params[axis] = _fp8.cache_dtype(what, name, (cache_dtypes or {}).get(name, dtype), dtype)
         else:
             params[axis] = dtype if src == "$dtype" else options[src[1:]] if src.startswith("$") else sym[src]
     spec.check_params(what, params, options)
