@@ -1,6 +1,6 @@
 """batch_decode over an fp8 KV cache (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``) on a GPU,
 against the fp32 reference of test_api_gpu on the dequantized cache (``cache.float() * scale``):
-bf16 and f16 q, head_dim 64/128/256, page sizes 1 and 16, NHD and HND, k_scale and v_scale not 1,
+bf16 and f16 q, head_dim 64/128/256, page sizes 1 and 16 (32 and 64 once), NHD and HND, k_scale and v_scale not 1,
 GQA 32/8, every built-in variant, return_lse, and a split-KV shape (a small batch of long
 requests). The fp8 instances are not precompiled: the first call of each compiles it (JIT).
 Skips without torch, a CUDA device or torch's fp8 dtypes.
@@ -58,6 +58,11 @@ def run_fp8(dtype: str, fp8: str, head_dim: int, page_size: int, variant: str, l
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_fp8_cache_shapes(dtype: str, fp8: str, head_dim: int, page_size: int, layout: str) -> None:
     run_fp8(dtype, fp8, head_dim, page_size, "default", layout, [1, 17, 300, 1029])
+
+
+@pytest.mark.parametrize("page_size", [32, 64])
+def test_fp8_cache_larger_pages(page_size: int) -> None:
+    run_fp8("bf16", "fp8_e4m3", 128, page_size, "default", "HND", [1, 17, 300, 1029])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
