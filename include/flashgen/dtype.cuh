@@ -95,7 +95,11 @@ struct Widen<__nv_bfloat16, __nv_fp8_e5m2> {
 
 /** Bytes 0 and 1 of `x` (`hi`: bytes 2 and 3) in the high byte of the low and high halves. */
 __host__ __device__ __forceinline__ uint32_t spread2(uint32_t x, bool hi) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, 0u, hi ? 0x3424u : 0x1404u);  // one PRMT: bytes 4 of the second are 0
+#else
   return hi ? ((x >> 8) & 0xff00u) | (x & 0xff000000u) : ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
+#endif
 }
 
 /** The 16-bit value of a 16-bit pattern, as float (host side of the scale multiply). */
