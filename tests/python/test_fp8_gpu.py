@@ -100,3 +100,37 @@ def test_fp8_cache_with_rope_llama_is_refused() -> None:
     q = torch.randn(1, NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
     with pytest.raises(ValueError, match="rope_llama.*not supported with an fp8 KV cache"):
         flashgen.batch_decode(q, cache.to(torch.float8_e4m3fn), indptr, indices, last, pos_encoding="rope_llama")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("fp8", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_widening_is_exact_on_the_gpu(dtype: str, fp8: str) -> None:
+    # One token a request: the output is V itself and the LSE K's logit, so both must come out
+    # exactly (subnormals included) for every finite byte value. Request b's K row of kv head g
+    # holds byte b * 32 + g * 4 + j at dim 4 * b + j, which query head 4 * g + j reads one-hot.
+    t, f8 = TORCH_DT[dtype], FP8[fp8]
+    codes = torch.arange(256, dtype=torch.int32, device=DEV).to(torch.uint8)
+    values = codes.view(f8).float()
+    nbytes = torch.where(torch.isfinite(values), codes, torch.zeros_like(codes))  # NaN/Inf: 0
+    batch, d = 8, 128
+    k = torch.zeros(batch, 8, d, dtype=torch.uint8, device=DEV)
+    for b in range(batch):
+        for j in range(4):
+            k[b, :, 4 * b + j] = nbytes[b * 32 + torch.arange(8, device=DEV) * 4 + j]
+    v = nbytes[torch.arange(batch * 8 * d, device=DEV) % 256].view(batch, 8, d)
+    cache = torch.stack([k, v], dim=1).view(batch, 2, 1, 8, d).view(f8)  # [pages, 2, 1, Hk, D]
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
+    indices = torch.arange(batch, dtype=torch.int32, device=DEV)
+    last = torch.ones(batch, dtype=torch.int32, device=DEV)
+    q = torch.zeros(batch, NUM_QO, d, dtype=t, device=DEV)
+    for b in range(batch):
+        for h in range(NUM_QO):
+            q[b, h, 4 * b + h % 4] = 1.0
+    o, lse = flashgen.batch_decode(q, cache, indptr, indices, last, sm_scale=1.0, return_lse=True)
+    want_o = cache[:, 1, 0].float().repeat_interleave(NUM_QO // 8, dim=1)  # [batch, Hq, D]
+    torch.testing.assert_close(o.float(), want_o, atol=0, rtol=0)
+    want_lse = torch.stack([cache[b, 0, 0].float()[torch.arange(NUM_QO, device=DEV) // 4,
+                                                     4 * b + torch.arange(NUM_QO, device=DEV) % 4]
+                            for b in range(batch)])
+    # The logit goes through the hi + lo split of the scaled query (16 bits of it for bf16).
+    torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-10)
