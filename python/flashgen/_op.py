@@ -358,7 +358,7 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
     C.check_int32(what, ts, [t.name for t in spec.inputs if t.kind == "i32" and t.name in ts])
     sym = bound.finish()
     if expect:
-        _check_expected(what, expect, sym, bound.by, dtype)
+        _check_expected(what, expect, sym, bound.by, dtype, ts)
     for check in spec.checks:
         check(what, sym)
     caches = [t.name for t in spec.inputs if t.kind == "cache"]
@@ -447,13 +447,18 @@ def fill_fields(spec: Spec, layout: str, sym: Mapping[str, int],
 
 
 def _check_expected(what: str, expect: Mapping[str, Any], sym: Mapping[str, int],
-                    bound_by: Mapping[str, str], dtype: str) -> None:
-    """The tensors of a wrapper's run() against what its plan() was given."""
+                    bound_by: Mapping[str, str], dtype: str, ts: Mapping[str, Tensor]) -> None:
+    """The tensors of a wrapper's run() against what its plan() was given: sizes by symbol,
+    ``"dtype"`` (q's) and ``"@<tensor>"`` (that tensor's dtype)."""
     for s, want in expect.items():
-        got = dtype if s == "dtype" else sym.get(s)
-        if got != want:
+        got: Any
+        if s.startswith("@"):
+            source, name, got = s[1:], "dtype", ts[s[1:]].dtype
+        else:
+            got = dtype if s == "dtype" else sym.get(s)
             name = SYMBOLS.get(s, s)
             source = "q" if s == "dtype" else bound_by.get(s, "the tensors")
+        if got != want:
             raise ValueError(f"{what}: {source} has {name} {got} but plan() was given {want}; "
                              "call plan() again for this shape")
 

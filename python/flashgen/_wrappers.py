@@ -36,6 +36,8 @@ __all__ = [
 
 _ITEM_BYTES = {"u8": 1, "i8": 1, "bool": 1, "f16": 2, "bf16": 2, "i32": 4, "f32": 4, "i64": 8, "f64": 8}
 _DTYPES = {"float16": "f16", "half": "f16", "f16": "f16", "bfloat16": "bf16", "bf16": "bf16"}
+# The fp8 cache types (batch decode's kv_data_type), by torch's name or ours.
+_FP8 = {"float8_e4m3fn": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "fp8_e5m2": "fp8_e5m2"}
 _POS_ENCODINGS = {"NONE": "none", "ROPE_LLAMA": "rope_llama"}
 
 
@@ -47,6 +49,23 @@ def _dtype(what: str, arg: str, value: Any) -> str:
         raise TypeError(f"{what}: {arg} must be float16 or bfloat16 (a torch dtype or its name), "
                         f"got {value!r}")
     return got
+
+
+def _cache_dtype(what: str, kv_data_type: Any, dtype: str, fp8: bool) -> str:
+    """The cache's dtype: q's when ``kv_data_type`` is None, else the one named (an fp8 type only
+    where ``fp8``: batch decode)."""
+    if kv_data_type is None:
+        return dtype
+    name = str(kv_data_type).removeprefix("torch.")
+    if name in _FP8:
+        if not fp8:
+            raise TypeError(f"{what}: an fp8 KV cache is read by batch decode only in this release "
+                            f"(BatchDecodeWithPagedKVCacheWrapper); got kv_data_type={kv_data_type!r}")
+        return _FP8[name]
+    if _dtype(what, "kv_data_type", kv_data_type) != dtype:
+        raise TypeError(f"{what}: kv_data_type must be q_data_type ({dtype})"
+                        + (" or an fp8 type (torch.float8_e4m3fn, torch.float8_e5m2)" if fp8 else ""))
+    return dtype
 
 
 def _pos_encoding(what: str, mode: Any) -> str:
@@ -173,9 +192,10 @@ class _Wrapper:
     def _prepare(self, what: str, sym: dict[str, int], dtype: str, option_values: tuple[Any, ...],
                  variant: str | Variant | None, window_left: int, logits_soft_cap: float | None,
                  sm_scale: float | None, variant_params: Mapping[str, Any],
-                 index: tuple[Any, ...]) -> None:
+                 index: tuple[Any, ...], cache: tuple[str, str] | None = None) -> None:
         """Resolve the variant, load (or compile) the instance, check the workspace when the
-        sizes alone fix it, and keep it all for run()."""
+        sizes alone fix it, and keep it all for run(). ``cache``: (the cache tensor's name, its
+        dtype) where the module reads a cache of its own type (an fp8 one)."""
         spec = self._spec
         for s in ("Hq", "Hk", "D", "P"):
             if s in sym and (not isinstance(sym[s], int) or isinstance(sym[s], bool) or sym[s] <= 0):
@@ -185,9 +205,11 @@ class _Wrapper:
         chosen, params = _variant(what, variant, window_left, logits_soft_cap, variant_params)
         options = spec.options(what, *option_values)
         _, axes, custom = _op.instance_params(spec, what, sym, dtype, options, chosen, params, self._backend,
-                                              self._device)
+                                              self._device, dict([cache]) if cache else None)
         expect: dict[str, Any] = {s: v for s, v in sym.items() if s in ("Hq", "Hk", "D", "P")}
         expect["dtype"] = dtype
+        if cache:
+            expect["@" + cache[0]] = cache[1]
         # The batch is planned once its arguments pass their checks; a run() after a failure
         # below (no GPU, a compile error, a small workspace) fails the same way.
         self._planned = _Planned(index, chosen, params, sm_scale, option_values, expect)
@@ -200,12 +222,14 @@ class _Wrapper:
                                  f"workspace_buffer holds {self._workspace[1]}; construct the "
                                  "wrapper with a larger buffer")
 
-    def _run(self, data: tuple[Any, ...], out: Any, lse: Any, return_lse: bool) -> Output:
+    def _run(self, data: tuple[Any, ...], out: Any, lse: Any, return_lse: bool,
+             run_options: tuple[Any, ...] = ()) -> Output:
         p = self._planned
         if p is None:
             raise RuntimeError(f"{type(self).__name__}.run: call plan() first")
         return _op.call(self._spec, data + p.tensors, out, self._layout, p.variant, p.sm_scale,
-                        return_lse, p.option_values, p.variant_params, self._backend, plans=self._plans,
+                        return_lse, p.option_values + run_options, p.variant_params, self._backend,
+                        plans=self._plans,
                         lse=lse, workspace=self._workspace, expect=p.expect,
                         what=f"{type(self).__name__}.run")
 
@@ -255,22 +279,24 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         batch = _indptr_batch(what, "indptr", indptr)
         index = self._indices(what, {"indptr": indptr, "indices": indices, "last_page_len": last_page_len})
         dtype = _dtype(what, "q_data_type", q_data_type)
-        if kv_data_type is not None and _dtype(what, "kv_data_type", kv_data_type) != dtype:
-            raise TypeError(f"{what}: kv_data_type must be q_data_type ({q_data_type})")
+        cache = _cache_dtype(what, kv_data_type, dtype, fp8=True)
         num_page_ids = describe(index[1], f"{what}: indices").shape[0]
         sym = {"B": batch, "Ni": num_page_ids, "Hq": num_qo_heads, "Hk": num_kv_heads, "D": head_dim,
                "P": page_size}
         options = (_pos_encoding(what, pos_encoding_mode), 1e4 if rope_theta is None else rope_theta,
                    1.0 if rope_scale is None else rope_scale)
         self._prepare(what, sym, dtype, options, variant, window_left, logits_soft_cap, sm_scale,
-                      variant_params, index)
+                      variant_params, index, ("paged_kv_cache", cache))
 
-    def run(self, q: TensorLike, paged_kv_cache: TensorLike, *, out: TensorLike | None = None,
-            lse: TensorLike | None = None, return_lse: bool = False) -> Output:
+    def run(self, q: TensorLike, paged_kv_cache: TensorLike, *, k_scale: float | None = None,
+            v_scale: float | None = None, out: TensorLike | None = None, lse: TensorLike | None = None,
+            return_lse: bool = False) -> Output:
         """``q`` [batch, num_qo_heads, head_dim] against the planned batch; returns ``o`` (into
         ``out`` when given), or ``(o, lse)`` with ``return_lse`` or ``lse`` (float32
-        [batch, num_qo_heads], natural log). Never synchronizes; CUDA-graph safe."""
-        return self._run((q, paged_kv_cache), out, lse, return_lse)
+        [batch, num_qo_heads], natural log). ``k_scale``, ``v_scale``: an fp8 cache's scales
+        (``kv_data_type`` in plan(); default 1). Never synchronizes; CUDA-graph safe."""
+        scales = (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
+        return self._run((q, paged_kv_cache), out, lse, return_lse, scales)
 
 
 class _PrefillWrapper(_Wrapper):
@@ -286,8 +312,7 @@ class _PrefillWrapper(_Wrapper):
         sym["B"] = _indptr_batch(what, "qo_indptr", index["qo_indptr"])
         planned = self._indices(what, index)
         dtype = _dtype(what, "q_data_type", q_data_type)
-        if kv_data_type is not None and _dtype(what, "kv_data_type", kv_data_type) != dtype:
-            raise TypeError(f"{what}: kv_data_type must be q_data_type ({q_data_type})")
+        _cache_dtype(what, kv_data_type, dtype, fp8=False)
         options = (causal, _pos_encoding(what, pos_encoding_mode), 1e4 if rope_theta is None else rope_theta,
                    1.0 if rope_scale is None else rope_scale)
         self._prepare(what, sym, dtype, options, variant, window_left, logits_soft_cap, sm_scale,

@@ -180,3 +180,23 @@ def test_attention_sink_through_a_wrapper_takes_window_left_minus_one(fake_torch
     flashgen.batch_decode(q, cache, indptr, indices, last, variant="attention_sink", sinks=sinks, window_left=-1)
     wrapped, functional = fake_torch.calls[-2:]
     assert _per_shape(wrapped) == _per_shape(functional)
+
+
+def test_decode_plans_an_fp8_cache_and_run_takes_its_scales(fake_torch: Any) -> None:
+    fp8 = type(fake_torch.float16)("float8_e4m3fn")
+    fake_torch.float8_e4m3fn = fp8  # before the first tensor is read: the adapter maps it
+    T, bf16 = fake_torch.Tensor, fake_torch.bfloat16
+    w, ws, indptr, indices, last = _decode(fake_torch)
+    w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16, kv_data_type=fp8)
+    q, cache = T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), fp8)
+    w.run(q, cache, k_scale=2.0, v_scale=0.5)
+    flashgen.batch_decode(q, cache, indptr, indices, last, k_scale=2.0, v_scale=0.5)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional)
+    assert (wrapped["k_scale"], wrapped["v_scale"]) == (2.0, 0.5) and wrapped["workspace"] == ws.data_ptr()
+    with pytest.raises(ValueError, match=r"run: paged_kv_cache has dtype bf16 but plan\(\) was given fp8_e4m3"):
+        w.run(q, T((40, 2, 16, 8, 128), bf16))
+    paged = flashgen.BatchPrefillWithPagedKVCacheWrapper(ws)
+    with pytest.raises(TypeError, match="an fp8 KV cache is read by batch decode only"):
+        paged.plan(T((5,), fake_torch.int32), indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16,
+                   kv_data_type="float8_e4m3fn")

@@ -223,3 +223,20 @@ def test_a_small_workspace_is_refused_before_a_launch() -> None:
     # one request over 8 kv heads: decode splits its KV, and the partials need far more than 1 KiB
     with pytest.raises(ValueError, match="needs a workspace of"):
         w.plan(indptr, indices, last, HQ, HKV, D, 16, q_data_type=BF16)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8_e4m3fn")
+def test_decode_wrapper_reads_an_fp8_cache(workspace: Any) -> None:
+    gen = torch.Generator().manual_seed(9)
+    lens = [1, 300, 4096, 17]
+    num_pages = sum(-(-n // 16) for n in lens) + 2
+    cache = torch.randn(num_pages, 2, 16, HKV, D, device=DEV).to(torch.float8_e4m3fn)
+    indptr, indices, last = page_table(lens, 16, num_pages, gen)
+    q = torch.randn(len(lens), HQ, D, dtype=BF16, device=DEV)
+    w = flashgen.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    w.plan(indptr, indices, last, HQ, HKV, D, 16, q_data_type=BF16, kv_data_type=torch.float8_e4m3fn)
+    o = w.run(q, cache, k_scale=0.5, v_scale=2.0)
+    assert torch.equal(o, flashgen.batch_decode(q, cache, indptr, indices, last, k_scale=0.5, v_scale=2.0))
+    for b, n in enumerate(lens):
+        k, v = gather(cache, indptr, indices, b, n)
+        close(o[b: b + 1], attend(q[b: b + 1], k * 0.5, v * 2.0, causal=False))
