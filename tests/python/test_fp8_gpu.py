@@ -22,6 +22,7 @@ if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "float8_e5m2"):
     pytest.skip("this torch has no float8 dtypes", allow_module_level=True)
 
 import flashgen  # noqa: E402
+from conftest import compile_ahead  # noqa: E402
 from test_api_gpu import (  # noqa: E402
     DEV, NUM_QO, TORCH_DT, assert_close, gather_kv, make_paged, reference, variant_params,
 )
@@ -31,6 +32,25 @@ from test_api_gpu import _gpu_cache, _shared_cache  # noqa: E402, F401
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 VARIANTS = ["default", "soft_cap", "sliding_window", "alibi", "sigmoid"]
 K_SCALE, V_SCALE = 0.75, 1.5
+
+
+def instances() -> list[dict[str, object]]:
+    """The batch_decode instances the tests below call (page 1 for the widening test)."""
+    keys = {(d, f, h, p, "default") for d in ("bf16", "f16") for f in FP8 for h in (64, 128, 256) for p in (1, 16)}
+    keys |= {("bf16", "fp8_e4m3", 128, p, "default") for p in (32, 64)}
+    keys |= {(d, f, 128, 16, v) for d, f in (("bf16", "fp8_e4m3"), ("f16", "fp8_e5m2")) for v in VARIANTS}
+    keys |= {("bf16", f, 128, 16, "soft_cap") for f in FP8} | {("bf16", "same", 128, 16, "default")}
+    return [{"dtype": d, "head_dim": h, "page_size": p, "pos_encoding": "none", "variant": v, "kv_dtype": f}
+            for d, f, h, p, v in sorted(keys)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm(_gpu_cache: str) -> None:
+    """Every instance this file calls, built in parallel before the first test."""
+    from flashgen import _loader
+
+    compile_ahead(_gpu_cache, [(f"batch_decode {p}", lambda p=p: _loader.load("batch_decode", p))
+                               for p in instances()])
 
 
 def run_fp8(dtype: str, fp8: str, head_dim: int, page_size: int, variant: str, layout: str,

@@ -7,6 +7,7 @@ Skips cleanly without torch or a CUDA device."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
+from conftest import compile_ahead  # noqa: E402
 
 DEV = "cuda:0"
 HQ, HKV, D = 32, 8, 128
@@ -27,6 +29,38 @@ PAGE_SIZES = (1, 16, 32, 64)
 @pytest.fixture(scope="module")
 def workspace() -> Any:
     return torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+
+
+def instances() -> list[tuple[str, dict[str, Any]]]:
+    """The instances the tests below call."""
+    base = {"dtype": "bf16", "head_dim": D, "pos_encoding": "none"}
+    backends = ["portable"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    out = [("batch_decode", {**base, "page_size": ps, "variant": "default", "kv_dtype": kv})
+           for ps in PAGE_SIZES for kv in ("same", "fp8_e4m3")]
+    out += [("batch_prefill_paged", {**base, "page_size": ps, "mask": "causal", "variant": "default", "backend": b})
+            for ps in PAGE_SIZES for b in backends]
+    out += [("batch_prefill_ragged", {**base, "mask": "causal", "variant": v, "backend": backends[-1]})
+            for v in ("default", "sliding_window")]
+    return out
+
+
+@pytest.fixture(scope="module")
+def _gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return os.environ.get("FLASHGEN_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("wrappers-gpu-cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm(_gpu_cache: str) -> None:
+    """Every instance this file calls, built in parallel before the first test."""
+    from flashgen import _loader
+
+    compile_ahead(_gpu_cache, [(f"{m} {p}", lambda m=m, p=p: _loader.load(m, p)) for m, p in instances()])
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One JIT cache for the module: each instance compiles once."""
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", _gpu_cache)
 
 
 def page_table(lens: list[int], page_size: int, num_pages: int, gen: Any) -> tuple[Any, Any, Any]:
