@@ -168,7 +168,7 @@ fn so_bytes_do_not_depend_on_where_the_sources_are() {
     ];
     let modules: [(&str, &[&str]); 6] = [
         ("single_decode", &["backend=sm90"]),
-        ("batch_decode", &["page_size=16"]),
+        ("batch_decode", &["page_size=16", "kv_dtype=same"]),
         ("single_prefill", &["mask=causal", "backend=portable"]),
         ("batch_prefill_ragged", &["mask=causal", "backend=sm90"]),
         (
