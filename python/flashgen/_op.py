@@ -308,14 +308,12 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
             if plan is not None:
                 return plan.run(out, 0 if out is None else out.data_ptr(), lse,
                                 0 if lse is None else lse.data_ptr(), workspace, variant_params, *ptrs)
-    options = spec.options(spec.name, *option_values)
+    what = what or spec.name
+    options = spec.options(what, *option_values)
     plan, ptrs, o_ptr, out, lse_ptr = _plan(spec, tensors, out, lse, kv_layout, variant, sm_scale,
-                                            return_lse, options, variant_params, backend, expect,
-                                            what or spec.name)
-    if workspace is not None and workspace[1] < plan.ws_bytes:
-        raise ValueError(f"{plan.what}: this call needs a workspace of {plan.ws_bytes} bytes but the "
-                         f"wrapper's workspace_buffer holds {workspace[1]}; construct it with a "
-                         "larger buffer")
+                                            return_lse, options, variant_params, backend, expect, what)
+    if workspace is not None:
+        check_workspace(plan.what, plan.ws_bytes, workspace)
     res = plan.run(out, o_ptr, lse, lse_ptr, workspace, variant_params, *ptrs)
     if key is not None:
         if len(plans) >= _MAX_PLANS:
@@ -444,6 +442,13 @@ def fill_fields(spec: Spec, layout: str, sym: Mapping[str, int],
             fields[name] = value
     fields["sm_scale"] = C.default_sm_scale(sym["D"], sm_scale)
     return fields
+
+
+def check_workspace(what: str, need: int, workspace: tuple[int, int]) -> None:
+    """A caller's workspace (address, bytes) holds ``need`` bytes, or a ValueError says what."""
+    if need > workspace[1]:
+        raise ValueError(f"{what}: this batch needs a workspace of {need} bytes but workspace_buffer "
+                         f"holds {workspace[1]}; construct the wrapper with a larger buffer")
 
 
 def _check_expected(what: str, expect: Mapping[str, Any], sym: Mapping[str, int],

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable, NamedTuple, Protocol, Sequence, Tuple, Union
 
 __all__ = ["TensorLike", "Output", "Tensor", "describe", "Framework", "framework_of", "allocator_for", "KDL_CPU",
-           "KDL_CUDA"]
+           "KDL_CUDA", "dtype_named"]
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -62,6 +62,11 @@ class Tensor(NamedTuple):
             n *= s
         return n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its elements (a dtype this module cannot name counts one byte each)."""
+        return self.numel * _ITEM_BYTES.get(self.dtype, 1)
+
     def is_contiguous(self) -> bool:
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
@@ -98,6 +103,8 @@ _DL_CODES = {(2, 16): "f16", (2, 32): "f32", (2, 64): "f64", (4, 16): "bf16", (0
              (0, 16): "i16", (0, 32): "i32", (0, 64): "i64", (1, 8): "u8", (1, 32): "u32",
              (1, 64): "u64", (6, 8): "bool",
              (10, 8): "fp8_e4m3", (12, 8): "fp8_e5m2"}  # DLPack 1.1's kDLFloat8_e4m3fn, _e5m2
+
+_ITEM_BYTES = {name: bits // 8 for (_, bits), name in _DL_CODES.items()}
 
 _capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get.restype = ctypes.c_void_p
@@ -229,6 +236,15 @@ class _Torch(Framework):
 _CUPY_DT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
             "int32": "i32", "int64": "i64", "uint8": "u8", "int8": "i8", "bool": "bool"}
 _CUPY_FROM = {v: k for k, v in _CUPY_DT.items()}
+# Our dtype names by every spelling an argument may use: ours, cupy's / numpy's, torch's.
+_NAMED = {**{n: n for n in _DL_CODES.values()}, **_CUPY_DT, "half": "f16",
+          "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
+def dtype_named(value: Any) -> str | None:
+    """Our name of a dtype given as an argument (``torch.bfloat16``, ``"bfloat16"``, ``"bf16"``),
+    or None for one flashgen does not know."""
+    return _NAMED.get(str(value).removeprefix("torch."))
 
 
 class _Cupy(Framework):

@@ -21,11 +21,11 @@ from __future__ import annotations
 from typing import Any, Mapping, NamedTuple
 
 from . import _common as C
-from . import _op
+from . import _fp8, _op
 from ._decode import BATCH_DECODE
 from ._matrix import matrix
 from ._prefill import BATCH_PREFILL, BATCH_PREFILL_PAGED
-from ._tensor import KDL_CPU, KDL_CUDA, Output, Tensor, TensorLike, describe
+from ._tensor import KDL_CPU, KDL_CUDA, Output, Tensor, TensorLike, describe, dtype_named
 from ._variant import Variant
 
 __all__ = [
@@ -34,18 +34,13 @@ __all__ = [
     "BatchPrefillWithRaggedKVCacheWrapper",
 ]
 
-_ITEM_BYTES = {"u8": 1, "i8": 1, "bool": 1, "f16": 2, "bf16": 2, "i32": 4, "f32": 4, "i64": 8, "f64": 8}
-_DTYPES = {"float16": "f16", "half": "f16", "f16": "f16", "bfloat16": "bf16", "bf16": "bf16"}
-# The fp8 cache types (batch decode's kv_data_type), by torch's name or ours.
-_FP8 = {"float8_e4m3fn": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "fp8_e5m2": "fp8_e5m2"}
 _POS_ENCODINGS = {"NONE": "none", "ROPE_LLAMA": "rope_llama"}
 
 
 def _dtype(what: str, arg: str, value: Any) -> str:
     """"f16" or "bf16" from a torch dtype or its name (``torch.bfloat16``, ``"bfloat16"``)."""
-    name = str(value).removeprefix("torch.")
-    got = _DTYPES.get(name)
-    if got is None:
+    got = dtype_named(value)
+    if got not in C.ATTN_DTYPES:
         raise TypeError(f"{what}: {arg} must be float16 or bfloat16 (a torch dtype or its name), "
                         f"got {value!r}")
     return got
@@ -56,12 +51,12 @@ def _cache_dtype(what: str, kv_data_type: Any, dtype: str, fp8: bool) -> str:
     where ``fp8``: batch decode)."""
     if kv_data_type is None:
         return dtype
-    name = str(kv_data_type).removeprefix("torch.")
-    if name in _FP8:
+    name = dtype_named(kv_data_type)
+    if name in _fp8.FP8_DTYPES:
         if not fp8:
             raise TypeError(f"{what}: an fp8 KV cache is read by batch decode only in this release "
                             f"(BatchDecodeWithPagedKVCacheWrapper); got kv_data_type={kv_data_type!r}")
-        return _FP8[name]
+        return name
     if _dtype(what, "kv_data_type", kv_data_type) != dtype:
         raise TypeError(f"{what}: kv_data_type must be q_data_type ({dtype})"
                         + (" or an fp8 type (torch.float8_e4m3fn, torch.float8_e5m2)" if fp8 else ""))
@@ -120,6 +115,7 @@ class _Wrapper:
 
     _spec: _op.Spec
     _buffer_args: tuple[str, ...]  # the constructor's fixed-buffer keywords, in index order
+    _page_ids_buffer: str | None = None  # the one of them passed whole (the page ids)
 
     def __init__(self, workspace_buffer: TensorLike, kv_layout: str, use_cuda_graph: bool,
                  buffers: tuple[TensorLike | None, ...], backend: str | None) -> None:
@@ -130,7 +126,7 @@ class _Wrapper:
         if not ws.is_contiguous() or ws.ptr % 16:
             raise ValueError(f"{what}: workspace_buffer must be contiguous and 16-byte aligned")
         self._workspace_buffer = workspace_buffer  # keeps the memory alive
-        self._workspace = (ws.ptr, ws.numel * _ITEM_BYTES.get(ws.dtype, 1))
+        self._workspace = (ws.ptr, ws.nbytes)
         self._device = ws.device_id
         self._layout = C.check_layout(what, kv_layout)
         self._backend = backend
@@ -185,7 +181,7 @@ class _Wrapper:
                         raise TypeError(f"{what}: with use_cuda_graph=True pass torch tensors, or the "
                                         f"fixed buffer {self._buffer_args[i]} itself")
                     buf[:n].copy_(t, non_blocking=True)
-                t = buf if "indices" in self._buffer_args[i] else buf[:n]
+                t = buf if self._buffer_args[i] == self._page_ids_buffer else buf[:n]
             out.append(t)
         return tuple(out)
 
@@ -216,11 +212,7 @@ class _Wrapper:
         loaded = C.instance_for(what, spec.module, axes, custom, self._device)
         if all(s in sym for s in spec.fields.values() if isinstance(s, str)):
             fields = _op.fill_fields(spec, self._layout, sym, lambda *_: 0, loaded, options, sm_scale)
-            need = C.workspace_bytes(what, loaded, spec.module, fields)
-            if need > self._workspace[1]:
-                raise ValueError(f"{what}: this batch needs a workspace of {need} bytes but "
-                                 f"workspace_buffer holds {self._workspace[1]}; construct the "
-                                 "wrapper with a larger buffer")
+            _op.check_workspace(what, C.workspace_bytes(what, loaded, spec.module, fields), self._workspace)
 
     def _run(self, data: tuple[Any, ...], out: Any, lse: Any, return_lse: bool,
              run_options: tuple[Any, ...] = ()) -> Output:
@@ -253,6 +245,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 
     _spec = BATCH_DECODE
     _buffer_args = ("paged_kv_indptr_buffer", "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer")
+    _page_ids_buffer = "paged_kv_indices_buffer"
 
     def __init__(self, workspace_buffer: TensorLike, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  paged_kv_indptr_buffer: TensorLike | None = None,
@@ -328,6 +321,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
     _spec = BATCH_PREFILL_PAGED
     _buffer_args = ("qo_indptr_buf", "paged_kv_indptr_buf", "paged_kv_indices_buf",
                     "paged_kv_last_page_len_buf")
+    _page_ids_buffer = "paged_kv_indices_buf"
 
     def __init__(self, workspace_buffer: TensorLike, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf: TensorLike | None = None, paged_kv_indptr_buf: TensorLike | None = None,
