@@ -11,7 +11,8 @@
 - ``NO_JIT``: ``FLASHGEN_TEST_DISABLE_JIT=1`` runs every test with ``FLASHGEN_DISABLE_JIT=1``
   (the GPU suites against an installed release: nothing may compile at run time). A test that
   needs the JIT (a user variant) then checks ``JITDisabledError`` instead, through ``needs_jit``.
-- ``compile_ahead``: a GPU suite's instances built in parallel threads before its first test.
+- ``compile_ahead``: a GPU suite's instances built in parallel threads before its first test;
+  ``gpu_suite_cache``: the fixtures of a suite that keeps one JIT cache for its module, built so.
 """
 
 from __future__ import annotations
@@ -409,6 +410,27 @@ def fake_matrix(monkeypatch: pytest.MonkeyPatch, described: dict[str, Any]) -> d
     monkeypatch.setattr(_install, "_matrix_cache", FAKE_MATRIX)
     return FAKE_MATRIX
 
+
+
+def gpu_suite_cache(name: str, instances: Callable[[], list[tuple[str, dict[str, Any]]]]) -> tuple[Any, Any]:
+    """The fixtures of a GPU suite with one JIT cache for its module, to assign to module names:
+    ``_gpu_cache`` (module scope: ``FLASHGEN_TEST_CACHE_DIR``, else a temporary folder, with
+    every (module, params) of ``instances()`` built in it first, in parallel) and
+    ``_shared_cache`` (every test's ``FLASHGEN_CACHE_DIR``), so each instance compiles once."""
+
+    @pytest.fixture(scope="module", name="_gpu_cache")
+    def gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+        from flashgen import _loader
+
+        path = os.environ.get("FLASHGEN_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp(f"{name}-gpu-cache"))
+        compile_ahead(path, [(f"{m} {p}", lambda m=m, p=p: _loader.load(m, p)) for m, p in instances()])
+        return path
+
+    @pytest.fixture(autouse=True, name="_shared_cache")
+    def shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("FLASHGEN_CACHE_DIR", _gpu_cache)
+
+    return gpu_cache, shared_cache
 
 
 # The RFC's FlashSigmoid example (../shared/seeds/rfc-unifying-aot-and-jit-via-c-macros.txt),

@@ -30,7 +30,6 @@ default variant's under the causal mask).
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from typing import Any
 
@@ -41,7 +40,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import compile_ahead  # noqa: E402
+from conftest import gpu_suite_cache  # noqa: E402
 from test_api_gpu import gather_kv, make_paged  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is fp32, not TF32
@@ -155,22 +154,7 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def _gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return os.environ.get("FLASHGEN_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("sinks-gpu-cache"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm(_gpu_cache: str) -> None:
-    """Every instance this file calls, built before the first test (conftest.compile_ahead)."""
-    from flashgen import _loader
-
-    compile_ahead(_gpu_cache, [(f"{m} {p}", lambda m=m, p=p: _loader.load(m, p)) for m, p in instances()])
-
-
-@pytest.fixture(autouse=True)
-def _shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLASHGEN_CACHE_DIR", _gpu_cache)
+_gpu_cache, _shared_cache = gpu_suite_cache("sinks", instances)
 
 
 # ---- decode ------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ Skips cleanly without torch or a CUDA device."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashgen  # noqa: E402
-from conftest import compile_ahead  # noqa: E402
+from conftest import gpu_suite_cache  # noqa: E402
 
 DEV = "cuda:0"
 HQ, HKV, D = 32, 8, 128
@@ -44,23 +43,7 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def _gpu_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return os.environ.get("FLASHGEN_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("wrappers-gpu-cache"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm(_gpu_cache: str) -> None:
-    """Every instance this file calls, built in parallel before the first test."""
-    from flashgen import _loader
-
-    compile_ahead(_gpu_cache, [(f"{m} {p}", lambda m=m, p=p: _loader.load(m, p)) for m, p in instances()])
-
-
-@pytest.fixture(autouse=True)
-def _shared_cache(_gpu_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One JIT cache for the module: each instance compiles once."""
-    monkeypatch.setenv("FLASHGEN_CACHE_DIR", _gpu_cache)
+_gpu_cache, _shared_cache = gpu_suite_cache("wrappers", instances)
 
 
 def page_table(lens: list[int], page_size: int, num_pages: int, gen: Any) -> tuple[Any, Any, Any]:
