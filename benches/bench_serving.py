@@ -116,11 +116,11 @@ def bench_sinks(timer: Timer, gen: torch.Generator) -> None:
     sinks = torch.randn(HQ, device=DEV, dtype=torch.float32, generator=gen)
     q, k, v = (torch.randn(8192, h, D, device=DEV, dtype=DT, generator=gen) for h in (HQ, HKV, HKV))
     o = torch.empty_like(q)
-    decode, _ = decode_call(64, 4096, 16, gen, variant="x")  # the variant comes per call below
+    decode, _ = decode_call(64, 4096, 16, gen)
     workloads: dict[str, Callable[..., Any]] = {
         "batch_decode 64 x 4096": decode,
         "single_prefill causal 8192": lambda **kw: flashgen.single_prefill(q, k, v, causal=True, out=o, **kw),
-        "batch_prefill_paged 16 x 512..4096": prefill_call(16, gen, variant="x"),
+        "batch_prefill_paged 16 x 512..4096": prefill_call(16, gen),
     }
     for name, call in workloads.items():
         t: dict[str, float] = {}
