@@ -48,7 +48,7 @@ def _dtype(what: str, arg: str, value: Any) -> str:
 
 def _cache_dtype(what: str, kv_data_type: Any, dtype: str, fp8: bool) -> str:
     """The cache's dtype: q's when ``kv_data_type`` is None, else the one named (an fp8 type only
-    where ``fp8``: batch decode)."""
+    where ``fp8``: the module reads one)."""
     if kv_data_type is None:
         return dtype
     name = dtype_named(kv_data_type)
@@ -188,11 +188,14 @@ class _Wrapper:
     def _prepare(self, what: str, sym: dict[str, int], dtype: str, option_values: tuple[Any, ...],
                  variant: str | Variant | None, window_left: int, logits_soft_cap: float | None,
                  sm_scale: float | None, variant_params: Mapping[str, Any],
-                 index: tuple[Any, ...], cache: tuple[str, str] | None = None) -> None:
+                 index: tuple[Any, ...], kv_data_type: Any) -> None:
         """Resolve the variant, load (or compile) the instance, check the workspace when the
-        sizes alone fix it, and keep it all for run(). ``cache``: (the cache tensor's name, its
-        dtype) where the module reads a cache of its own type (an fp8 one)."""
+        sizes alone fix it, and keep it all for run(). ``kv_data_type``: the cache's dtype, which
+        may be an fp8 type where the spec reads a cache of its own type (an ``"@<tensor>"``
+        axis: batch decode's kv_dtype)."""
         spec = self._spec
+        cache = next((src[1:] for src in spec.axes.values() if src.startswith("@")), None)
+        cache_dtype = _cache_dtype(what, kv_data_type, dtype, fp8=cache is not None)
         for s in ("Hq", "Hk", "D", "P"):
             if s in sym and (not isinstance(sym[s], int) or isinstance(sym[s], bool) or sym[s] <= 0):
                 raise ValueError(f"{what}: {_op.SYMBOLS[s]} must be a positive int, got {sym[s]!r}")
@@ -201,11 +204,11 @@ class _Wrapper:
         chosen, params = _variant(what, variant, window_left, logits_soft_cap, variant_params)
         options = spec.options(what, *option_values)
         _, axes, custom = _op.instance_params(spec, what, sym, dtype, options, chosen, params, self._backend,
-                                              self._device, dict([cache]) if cache else None)
+                                              self._device, {cache: cache_dtype} if cache else None)
         expect: dict[str, Any] = {s: v for s, v in sym.items() if s in ("Hq", "Hk", "D", "P")}
         expect["dtype"] = dtype
         if cache:
-            expect["@" + cache[0]] = cache[1]
+            expect["@" + cache] = cache_dtype
         # The batch is planned once its arguments pass their checks; a run() after a failure
         # below (no GPU, a compile error, a small workspace) fails the same way.
         self._planned = _Planned(index, chosen, params, sm_scale, option_values, expect)
@@ -272,14 +275,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         batch = _indptr_batch(what, "indptr", indptr)
         index = self._indices(what, {"indptr": indptr, "indices": indices, "last_page_len": last_page_len})
         dtype = _dtype(what, "q_data_type", q_data_type)
-        cache = _cache_dtype(what, kv_data_type, dtype, fp8=True)
         num_page_ids = describe(index[1], f"{what}: indices").shape[0]
         sym = {"B": batch, "Ni": num_page_ids, "Hq": num_qo_heads, "Hk": num_kv_heads, "D": head_dim,
                "P": page_size}
         options = (_pos_encoding(what, pos_encoding_mode), 1e4 if rope_theta is None else rope_theta,
                    1.0 if rope_scale is None else rope_scale)
         self._prepare(what, sym, dtype, options, variant, window_left, logits_soft_cap, sm_scale,
-                      variant_params, index, ("paged_kv_cache", cache))
+                      variant_params, index, kv_data_type)
 
     def run(self, q: TensorLike, paged_kv_cache: TensorLike, *, k_scale: float | None = None,
             v_scale: float | None = None, out: TensorLike | None = None, lse: TensorLike | None = None,
@@ -305,11 +307,10 @@ class _PrefillWrapper(_Wrapper):
         sym["B"] = _indptr_batch(what, "qo_indptr", index["qo_indptr"])
         planned = self._indices(what, index)
         dtype = _dtype(what, "q_data_type", q_data_type)
-        _cache_dtype(what, kv_data_type, dtype, fp8=False)
         options = (causal, _pos_encoding(what, pos_encoding_mode), 1e4 if rope_theta is None else rope_theta,
                    1.0 if rope_scale is None else rope_scale)
         self._prepare(what, sym, dtype, options, variant, window_left, logits_soft_cap, sm_scale,
-                      variant_params, planned)
+                      variant_params, planned, kv_data_type)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
