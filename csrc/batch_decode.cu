@@ -7,18 +7,16 @@
  *
  * The kv_dtype axis names the cache's element type: `same` (the dtype axis's, q's and o's) or an
  * fp8 type, which the decode kernel widens a tile at a time (decode/kernel.cuh) and scales by
- * the call's k_scale and v_scale. The prefill kernels read no fp8 yet, so an fp8 cache with
- * rope_llama is refused.
+ * the call's k_scale and v_scale. rope_llama's path rotates 16-bit keys (the prefill's RoPE
+ * pre-pass), so an fp8 cache with rope_llama is refused (fp8_cache.cuh).
  */
 #include <flashgen_instance.cuh>
-
-#include <cmath>
-#include <type_traits>
 
 #include "flashgen/decode/kernel.cuh"
 #include "flashgen/decode/merge.cuh"
 #include "flashgen/decode/traits.cuh"
 #include "flashgen/entry.cuh"
+#include "flashgen/fp8_cache.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/launch.cuh"
@@ -49,12 +47,6 @@ using Args = FLASHGEN_ARGS;  // generated from variants.json modules.batch_decod
 struct Plan {
   int64_t splits, head_slices, workspace;
 };
-
-/** The cache's element type of kv_dtype code KV: `DType` itself, or an fp8 type. */
-template <typename DType, int KV>
-using CacheType = std::conditional_t<
-    KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3, __nv_fp8_e4m3,
-    std::conditional_t<KV == FLASHGEN_CODE_kv_dtype_fp8_e5m2, __nv_fp8_e5m2, DType>>;
 
 template <int HEAD_DIM, typename DTypeKV>
 using TraitsFor = decode::DecodeTraits<HEAD_DIM, static_cast<int>(sizeof(DTypeKV))>;
@@ -132,29 +124,6 @@ int run_rope(const Args& a, const DeviceInfo& dev) {
       a.workspace_bytes - indptr_bytes, dev, stream);
 }
 
-/** An fp8 cache's extra conditions: 16-element strides (a 16-byte copy is 16 elements) and
- *  finite scales; they become the params' k_scale and v_scale. */
-template <typename Params>
-int fill_fp8_cache(Params& p, const Args& a) {
-  for (int64_t stride : {a.kv_stride_page, a.kv_stride_kv, a.kv_stride_n, a.kv_stride_h}) {
-    if (stride % 16 != 0) {
-      return fail(FLASHGEN_INVALID_ARGUMENT,
-                  "batch_decode: an fp8 paged_kv needs strides that are multiples of 16 elements "
-                  "(page %lld, kv %lld, n %lld, h %lld)",
-                  static_cast<long long>(a.kv_stride_page), static_cast<long long>(a.kv_stride_kv),
-                  static_cast<long long>(a.kv_stride_n), static_cast<long long>(a.kv_stride_h));
-    }
-  }
-  if (!std::isfinite(a.k_scale) || !std::isfinite(a.v_scale)) {
-    return fail(FLASHGEN_INVALID_ARGUMENT,
-                "batch_decode: k_scale and v_scale must be finite, got %g and %g",
-                static_cast<double>(a.k_scale), static_cast<double>(a.v_scale));
-  }
-  p.k_scale = a.k_scale;
-  p.v_scale = a.v_scale;
-  return FLASHGEN_OK;
-}
-
 template <typename DType, typename DTypeKV, int HEAD_DIM, int PAGE_SIZE, typename Tag>
 int run_standard(const Args& a, const DeviceInfo& dev) {
   using Params = BatchDecodeParams<DType, DTypeKV, DType>;
@@ -164,7 +133,7 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
   Params p;
   if (int st = start_params(p, a)) return st;
   if constexpr (is_fp8<DTypeKV>) {
-    if (int st = fill_fp8_cache(p, a)) return st;
+    if (int st = fill_fp8_paged_cache(p, a, "batch_decode")) return st;
   }
   p.q_stride_b = a.q_stride_b;
   p.o_stride_b = a.o_stride_b;
@@ -247,16 +216,8 @@ struct BatchDecode {
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag, int KV>
   struct Instance {
     using DTypeKV = CacheType<DType, KV>;
-    // The prefill kernels behind rope_llama read 16-bit K/V only.
+    // rope_llama's RoPE pre-pass rotates 16-bit keys only.
     static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
-
-    static int refuse_rope_of_fp8() {
-      return fail(FLASHGEN_INVALID_ARGUMENT,
-                  "batch_decode: pos_encoding=rope_llama with an fp8 KV cache (kv_dtype=%s) is not "
-                  "supported: rope_llama runs the prefill kernels, which read f16/bf16 K/V only; "
-                  "rotate the keys before quantizing them and call with pos_encoding=none",
-                  KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3 ? "fp8_e4m3" : "fp8_e5m2");
-    }
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
       if constexpr (kRopeOfFp8) {
@@ -273,7 +234,7 @@ struct BatchDecode {
 
     static int run(const Args& a, const DeviceInfo& dev) {
       if constexpr (kRopeOfFp8) {
-        return refuse_rope_of_fp8();
+        return refuse_rope_of_fp8("batch_decode", KV);
       } else if constexpr (POS == prefill::kPosRopeLlama) {
         return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
       } else {

@@ -2,11 +2,13 @@
  * @brief batch_prefill_paged: the C entry points of a batch prefill with q packed along tokens
  * (int32 qo_indptr on the device) and K/V in batch_decode's paged cache, over the kernels of
  * include/flashgen/prefill/. Lengths are read on the device only, so a captured call replays
- * with new lengths.
+ * with new lengths. The kv_dtype axis: the cache in q's dtype, or fp8 (fp8_cache.cuh) scaled by
+ * k_scale and v_scale, which the portable kernel widens as it reads (both backends' instances).
  */
 #include <flashgen_instance.cuh>
 
 #include "flashgen/entry.cuh"
+#include "flashgen/fp8_cache.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/backends.cuh"
@@ -39,21 +41,39 @@ struct BatchPrefillPaged {
 
   /** One instance: its params struct and its backend's kernels for its variant. */
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int MASK, int POS, typename Tag,
-            int BACKEND>
+            int BACKEND, int KV>
   struct Instance {
-    using Params = BatchPrefillPagedParams<DType, DType, DType>;
-    using Backend = PrefillBackend<BACKEND, Tag>;
+    using DTypeKV = CacheType<DType, KV>;
+    using Params = BatchPrefillPagedParams<DType, DTypeKV, DType>;
+    using Backend = PrefillBackendFor<BACKEND, Tag, DTypeKV>;
+    // RoPE rotates 16-bit keys only (fp8_cache.cuh).
+    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
-          a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,
-          dev.sm_count);
+      if constexpr (kRopeOfFp8) {
+        return 0;
+      } else {
+        return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
+            a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,
+            dev.sm_count);
+      }
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (kRopeOfFp8) {
+        return refuse_rope_of_fp8("batch_prefill_paged", KV);
+      } else {
+        return run_kernels(a, dev);
+      }
+    }
+
+    static int run_kernels(const Args& a, const DeviceInfo& dev) {
       Params p;
       if (int st = prefill::start_params(p, a, "batch_prefill_paged")) return st;
       prefill::fill_paged_kv(p, a);
+      if constexpr (is_fp8<DTypeKV>) {
+        if (int st = fill_fp8_paged_cache(p, a, "batch_prefill_paged")) return st;
+      }
       prefill::fill_packed_batch(p, a);
       p.page_size = static_cast<uint32_t>(a.page_size);
       return Backend::template launch_paged<HEAD_DIM, PAGE_SIZE, MASK, POS>(
@@ -66,4 +86,5 @@ struct BatchPrefillPaged {
 }  // namespace
 
 FLASHGEN_DEFINE_ENTRY_POINTS(batch_prefill_paged, BatchPrefillPaged, FG_dtype, FG_head_dim,
-                             FG_page_size, FG_mask, FG_pos_encoding, FG_variant, FG_backend)
+                             FG_page_size, FG_mask, FG_pos_encoding, FG_variant, FG_backend,
+                             FG_kv_dtype)

@@ -2,11 +2,13 @@
  * @brief batch_prefill_ragged: the C entry points of a batch prefill whose q, k and v are packed
  * along tokens (int32 qo_indptr / kv_indptr on the device), over the kernels of
  * include/flashgen/prefill/. Lengths are read on the device only, so a captured call replays
- * with new lengths.
+ * with new lengths. The kv_dtype axis: k and v in q's dtype, or fp8 (fp8_cache.cuh) scaled by
+ * k_scale and v_scale, which the portable kernel widens as it reads (both backends' instances).
  */
 #include <flashgen_instance.cuh>
 
 #include "flashgen/entry.cuh"
+#include "flashgen/fp8_cache.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/backends.cuh"
@@ -29,20 +31,38 @@ struct BatchPrefillRagged {
   }
 
   /** One instance: its params struct and its backend's kernels for its variant. */
-  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
+  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND, int KV>
   struct Instance {
-    using Params = BatchPrefillRaggedParams<DType, DType, DType>;
-    using Backend = PrefillBackend<BACKEND, Tag>;
+    using DTypeKV = CacheType<DType, KV>;
+    using Params = BatchPrefillRaggedParams<DType, DTypeKV, DType>;
+    using Backend = PrefillBackendFor<BACKEND, Tag, DTypeKV>;
+    // RoPE rotates 16-bit keys only (fp8_cache.cuh).
+    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
-          a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+      if constexpr (kRopeOfFp8) {
+        return 0;
+      } else {
+        return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
+            a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+      }
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (kRopeOfFp8) {
+        return refuse_rope_of_fp8("batch_prefill_ragged", KV);
+      } else {
+        return run_kernels(a, dev);
+      }
+    }
+
+    static int run_kernels(const Args& a, const DeviceInfo& dev) {
       Params p;
       if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
       prefill::fill_contiguous_kv(p, a);
+      if constexpr (is_fp8<DTypeKV>) {
+        if (int st = fill_fp8_ragged_cache(p, a, "batch_prefill_ragged")) return st;
+      }
       prefill::fill_packed_batch(p, a);
       p.kv_indptr = a.kv_indptr;
       return Backend::template launch_ragged<HEAD_DIM, MASK, POS>(
@@ -55,4 +75,4 @@ struct BatchPrefillRagged {
 }  // namespace
 
 FLASHGEN_DEFINE_ENTRY_POINTS(batch_prefill_ragged, BatchPrefillRagged, FG_dtype, FG_head_dim,
-                             FG_mask, FG_pos_encoding, FG_variant, FG_backend)
+                             FG_mask, FG_pos_encoding, FG_variant, FG_backend, FG_kv_dtype)

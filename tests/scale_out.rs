@@ -170,10 +170,18 @@ fn so_bytes_do_not_depend_on_where_the_sources_are() {
         ("single_decode", &["backend=sm90"]),
         ("batch_decode", &["page_size=16", "kv_dtype=same"]),
         ("single_prefill", &["mask=causal", "backend=portable"]),
-        ("batch_prefill_ragged", &["mask=causal", "backend=sm90"]),
+        (
+            "batch_prefill_ragged",
+            &["mask=causal", "backend=sm90", "kv_dtype=same"],
+        ),
         (
             "batch_prefill_paged",
-            &["mask=causal", "page_size=16", "backend=portable"],
+            &[
+                "mask=causal",
+                "page_size=16",
+                "backend=portable",
+                "kv_dtype=same",
+            ],
         ),
         ("merge_state", &[]),
     ];

@@ -121,9 +121,10 @@ struct SinglePrefillParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t) const { return kv_len; }
 };
 
-/** Batch over ragged (token-packed) q, k and v with int32 CSR indptrs on the device. */
+/** Batch over ragged (token-packed) q, k and v with int32 CSR indptrs on the device; k and v
+ *  in q's dtype or an fp8 one (KVScales). */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchPrefillRaggedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+struct BatchPrefillRaggedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_>, KVScales<DTypeKV_> {
   const DTypeQ_* q;   // [total_q, num_qo_heads, head_dim]
   const DTypeKV_* k;  // [total_kv, num_kv_heads, head_dim]
   const DTypeKV_* v;
@@ -148,9 +149,10 @@ struct BatchPrefillRaggedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
   }
 };
 
-/** Batch with token-packed q and K/V in the paged cache of BatchDecodeParams. */
+/** Batch with token-packed q and K/V in the paged cache of BatchDecodeParams (q's dtype or an
+ *  fp8 one, KVScales). */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct BatchPrefillPagedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+struct BatchPrefillPagedParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_>, KVScales<DTypeKV_> {
   const DTypeQ_* q;          // [total_q, num_qo_heads, head_dim]
   const DTypeKV_* paged_kv;  // pages: k of token t of page p at p*kv_stride_page + t*kv_stride_n
   DTypeO_* o;                // like q

@@ -12,7 +12,7 @@ import math
 import numbers
 from typing import Any, Mapping
 
-__all__ = ["FP8_DTYPES", "cache_dtype", "scale_options", "check_cache_call"]
+__all__ = ["FP8_DTYPES", "cache_dtype", "check_caches_agree", "scale_options", "check_cache_call"]
 
 # Our dtype names (as _tensor.describe spells them) of the fp8 cache types, and torch's.
 FP8_DTYPES = {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2"}
@@ -28,6 +28,13 @@ def cache_dtype(what: str, name: str, dtype: str, attn_dtype: str) -> str:
         return dtype
     raise TypeError(f"{what}: {name} must be {attn_dtype} like q, or an fp8 type "
                     f"({' or '.join(FP8_DTYPES.values())}), got {dtype}")
+
+
+def check_caches_agree(what: str, cache_dtypes: Mapping[str, str]) -> None:
+    """The cache tensors of one call (ragged ``k`` and ``v``) share one dtype."""
+    if len(set(cache_dtypes.values())) > 1:
+        got = ", ".join(f"{name} {dtype}" for name, dtype in cache_dtypes.items())
+        raise TypeError(f"{what}: {' and '.join(cache_dtypes)} must share one dtype, got {got}")
 
 
 def scale_options(what: str, k_scale: Any, v_scale: Any) -> dict[str, float]:
@@ -47,8 +54,8 @@ def check_cache_call(what: str, params: Mapping[str, Any], options: Mapping[str,
     kv_dtype = params["kv_dtype"]
     if kv_dtype != SAME and params.get("pos_encoding") == "rope_llama":
         raise ValueError(f"{what}: pos_encoding='rope_llama' is not supported with an fp8 KV cache "
-                         f"({kv_dtype}): rope_llama decode runs the prefill kernels, which read "
-                         "float16/bfloat16 K/V only; rotate the keys before quantizing and pass "
+                         f"({kv_dtype}): in-kernel RoPE rotates float16/bfloat16 keys only; rotate the "
+                         "keys before quantizing (as engines do before they write the cache) and pass "
                          "pos_encoding='none'")
     if kv_dtype == SAME and (options["k_scale"] != 1.0 or options["v_scale"] != 1.0):
         raise ValueError(f"{what}: k_scale and v_scale apply to an fp8 KV cache, but the cache is "

@@ -370,6 +370,7 @@ def _plan(spec: Spec, tensors: Sequence[Any], out: Any, lse: Any, kv_layout: str
         if not ts["lse"].is_contiguous():
             raise ValueError(f"{what}: lse must be contiguous, got strides {list(ts['lse'].strides)}")
     cache_dtypes = {name: ts[name].dtype for name in caches if name in ts}
+    _fp8.check_caches_agree(what, cache_dtypes)
     packer, params, custom = instance_params(spec, what, sym, dtype, options, variant, variant_params, backend,
                                              device, cache_dtypes)
     loaded = C.instance_for(what, spec.module, params, custom, device)

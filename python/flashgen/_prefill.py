@@ -14,13 +14,16 @@ their output is 0 and their LSE -inf. A request with ``kv_len == 0`` gets the sa
 ``pos_encoding="rope_llama"`` rotates q and k inside the kernels (Llama's half-split rotation,
 angle ``(pos / rope_scale) * rope_theta ** (-2i / head_dim)``), at the positions above plus the
 request's ``q_rope_offset`` / ``kv_rope_offset`` where given.
+
+The two batch functions read K/V in q's dtype or in fp8 (their ``kv_dtype`` axis, _fp8) with
+per-tensor ``k_scale`` / ``v_scale``, as ``batch_decode`` does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _op
+from . import _fp8, _op
 from ._op import Spec, Stride, T
 from ._tensor import Output, TensorLike
 from ._variant import Variant
@@ -37,6 +40,13 @@ def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_sc
     if not isinstance(causal, bool):
         raise TypeError(f"{what}: causal must be True or False, got {causal!r}")
     return {"mask": "causal" if causal else "none", **_op.rope_options(what, pos_encoding, rope_theta, rope_scale)}
+
+
+def _cache_options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any,
+                   k_scale: Any = 1.0, v_scale: Any = 1.0) -> dict[str, Any]:
+    """The batch functions' options: those of ``_options`` and an fp8 cache's scales."""
+    return {**_options(what, causal, pos_encoding, rope_theta, rope_scale),
+            **_fp8.scale_options(what, k_scale, v_scale)}
 
 
 SINGLE_PREFILL = Spec(
@@ -62,12 +72,12 @@ _OFFSETS = (T("q_rope_offset", {"*": ("B",)}, kind="i32", optional=True),
 BATCH_PREFILL = Spec(
     name="batch_prefill",
     module="batch_prefill_ragged",
-    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("k", _RAGGED_KV), T("v", _RAGGED_KV),
+    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("k", _RAGGED_KV, kind="cache"), T("v", _RAGGED_KV, kind="cache"),
             T("qo_indptr", {"*": ("B+1",)}, kind="i32"), T("kv_indptr", {"*": ("B+1",)}, kind="i32"),
             *_OFFSETS),
     out=("Tq", "Hq", "D"),
     lse=("Tq", "Hq"),
-    axes=_AXES,
+    axes={**_AXES, "kv_dtype": "@k"},
     fields={
         "batch_size": "B", "total_q": "Tq", "total_kv": "Tk", "num_qo_heads": "Hq", "num_kv_heads": "Hk",
         "head_dim": "D", "q_stride_n": Stride("q", "Tq"), "q_stride_h": Stride("q", "Hq"),
@@ -75,19 +85,20 @@ BATCH_PREFILL = Spec(
         "v_stride_n": Stride("v", "Tk"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
-    options=_options,
+    options=_cache_options,
+    check_params=_fp8.check_cache_call,
 )
 
 BATCH_PREFILL_PAGED = Spec(
     name="batch_prefill_paged",
     module="batch_prefill_paged",
-    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("paged_kv_cache", _PAGED, field="paged_kv"),
+    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("paged_kv_cache", _PAGED, kind="cache", field="paged_kv"),
             T("qo_indptr", {"*": ("B+1",)}, kind="i32"), T("kv_indptr", {"*": ("B+1",)}, kind="i32"),
             T("kv_indices", {"*": ("Ni",)}, kind="i32"), T("kv_last_page_len", {"*": ("B",)}, kind="i32"),
             *_OFFSETS),
     out=("Tq", "Hq", "D"),
     lse=("Tq", "Hq"),
-    axes={**_AXES, "page_size": "P"},
+    axes={**_AXES, "page_size": "P", "kv_dtype": "@paged_kv_cache"},
     fields={
         "batch_size": "B", "total_q": "Tq", "num_page_ids": "Ni", "num_qo_heads": "Hq", "num_kv_heads": "Hk",
         "head_dim": "D", "page_size": "P", "q_stride_n": Stride("q", "Tq"), "q_stride_h": Stride("q", "Hq"),
@@ -95,7 +106,8 @@ BATCH_PREFILL_PAGED = Spec(
         "kv_stride_n": Stride("paged_kv_cache", "P"), "kv_stride_h": Stride("paged_kv_cache", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
-    options=_options,
+    options=_cache_options,
+    check_params=_fp8.check_cache_call,
 )
 
 
@@ -157,6 +169,8 @@ def batch_prefill(
     kv_rope_offset: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
 ) -> Output:
@@ -171,6 +185,10 @@ def batch_prefill(
         k, v: ``[total_kv, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, total_kv,
             head_dim]`` (HND); request b's keys are rows ``kv_indptr[b]:kv_indptr[b+1]``.
         q_rope_offset, kv_rope_offset: optional int32 ``[batch]`` position offsets for RoPE.
+        k_scale, v_scale: with fp8 ``k`` and ``v`` (``torch.float8_e4m3fn`` or
+            ``torch.float8_e5m2``, both the same; strides then multiples of 16 elements; not with
+            ``pos_encoding="rope_llama"``), K = ``k_scale`` times the stored values and V likewise,
+            as in ``batch_decode``. With k and v in q's dtype they must stay 1.
         Others as in ``single_prefill``; the LSE is float32 ``[total_q, num_qo_heads]``.
 
     The launch reads the lengths on the device, so a call captured in a CUDA graph can be
@@ -178,7 +196,7 @@ def batch_prefill(
     """
     tensors = (q, k, v, qo_indptr, kv_indptr, q_rope_offset, kv_rope_offset)
     return _op.call(BATCH_PREFILL, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
                     backend)
 
 
@@ -201,16 +219,19 @@ def batch_prefill_paged(
     kv_rope_offset: TensorLike | None = None,
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     backend: str | None = None,
     **variant_params: Any,
 ) -> Output:
     """Prefill for a batch whose K/V live in ``batch_decode``'s paged cache (same layouts and
-    page table: ``kv_indptr`` in pages, ``kv_indices`` page ids, ``kv_last_page_len``), with q
-    packed along tokens as in ``batch_prefill``. Page table values are not checked (a device
-    sync); others as in ``batch_prefill``.
+    page table: ``kv_indptr`` in pages, ``kv_indices`` page ids, ``kv_last_page_len``; in q's
+    dtype or fp8, with ``k_scale`` and ``v_scale``), with q packed along tokens as in
+    ``batch_prefill``. Page table values are not checked (a device sync); others as in
+    ``batch_prefill``.
     """
     tensors = (q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q_rope_offset,
                kv_rope_offset)
     return _op.call(BATCH_PREFILL_PAGED, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
                     backend)

@@ -54,8 +54,8 @@ def _cache_dtype(what: str, kv_data_type: Any, dtype: str, fp8: bool) -> str:
     name = dtype_named(kv_data_type)
     if name in _fp8.FP8_DTYPES:
         if not fp8:
-            raise TypeError(f"{what}: an fp8 KV cache is read by batch decode only in this release "
-                            f"(BatchDecodeWithPagedKVCacheWrapper); got kv_data_type={kv_data_type!r}")
+            raise TypeError(f"{what}: this wrapper reads no fp8 KV cache; got kv_data_type={kv_data_type!r} "
+                            "(pass q_data_type's dtype or leave kv_data_type unset)")
         return name
     if _dtype(what, "kv_data_type", kv_data_type) != dtype:
         raise TypeError(f"{what}: kv_data_type must be q_data_type ({dtype})"
@@ -192,7 +192,7 @@ class _Wrapper:
         """Resolve the variant, load (or compile) the instance, check the workspace when the
         sizes alone fix it, and keep it all for run(). ``kv_data_type``: the cache's dtype, which
         may be an fp8 type where the spec reads a cache of its own type (an ``"@<tensor>"``
-        axis: batch decode's kv_dtype)."""
+        axis: the kv_dtype of batch decode and batch prefill)."""
         spec = self._spec
         cache = next((src[1:] for src in spec.axes.values() if src.startswith("@")), None)
         cache_dtype = _cache_dtype(what, kv_data_type, dtype, fp8=cache is not None)
@@ -218,12 +218,15 @@ class _Wrapper:
             _op.check_workspace(what, C.workspace_bytes(what, loaded, spec.module, fields), self._workspace)
 
     def _run(self, data: tuple[Any, ...], out: Any, lse: Any, return_lse: bool,
-             run_options: tuple[Any, ...] = ()) -> Output:
+             k_scale: float | None, v_scale: float | None) -> Output:
+        """run() of every wrapper: the planned call over ``data`` (q and the cache), with an fp8
+        cache's scales (None: 1)."""
         p = self._planned
         if p is None:
             raise RuntimeError(f"{type(self).__name__}.run: call plan() first")
+        scales = (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
         return _op.call(self._spec, data + p.tensors, out, self._layout, p.variant, p.sm_scale,
-                        return_lse, p.option_values + run_options, p.variant_params, self._backend,
+                        return_lse, p.option_values + scales, p.variant_params, self._backend,
                         plans=self._plans,
                         lse=lse, workspace=self._workspace, expect=p.expect,
                         what=f"{type(self).__name__}.run")
@@ -290,8 +293,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         ``out`` when given), or ``(o, lse)`` with ``return_lse`` or ``lse`` (float32
         [batch, num_qo_heads], natural log). ``k_scale``, ``v_scale``: an fp8 cache's scales
         (``kv_data_type`` in plan(); default 1). Never synchronizes; CUDA-graph safe."""
-        scales = (1.0 if k_scale is None else k_scale, 1.0 if v_scale is None else v_scale)
-        return self._run((q, paged_kv_cache), out, lse, return_lse, scales)
+        return self._run((q, paged_kv_cache), out, lse, return_lse, k_scale, v_scale)
 
 
 class _PrefillWrapper(_Wrapper):
@@ -353,11 +355,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillWrapper):
                            logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta,
                            variant, variant_params)
 
-    def run(self, q: TensorLike, paged_kv_cache: TensorLike, *, out: TensorLike | None = None,
-            lse: TensorLike | None = None, return_lse: bool = False) -> Output:
+    def run(self, q: TensorLike, paged_kv_cache: TensorLike, *, k_scale: float | None = None,
+            v_scale: float | None = None, out: TensorLike | None = None, lse: TensorLike | None = None,
+            return_lse: bool = False) -> Output:
         """``q`` [total_q, num_qo_heads, head_dim] against the planned batch; returns ``o`` or
-        ``(o, lse)`` (float32 [total_q, num_qo_heads], natural log). CUDA-graph safe."""
-        return self._run((q, paged_kv_cache), out, lse, return_lse)
+        ``(o, lse)`` (float32 [total_q, num_qo_heads], natural log). ``k_scale``, ``v_scale``: an
+        fp8 cache's scales (``kv_data_type`` in plan(); default 1). CUDA-graph safe."""
+        return self._run((q, paged_kv_cache), out, lse, return_lse, k_scale, v_scale)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
@@ -390,8 +394,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillWrapper):
                            logits_soft_cap, q_data_type, kv_data_type, sm_scale, rope_scale, rope_theta,
                            variant, variant_params)
 
-    def run(self, q: TensorLike, k: TensorLike, v: TensorLike, *, out: TensorLike | None = None,
-            lse: TensorLike | None = None, return_lse: bool = False) -> Output:
+    def run(self, q: TensorLike, k: TensorLike, v: TensorLike, *, k_scale: float | None = None,
+            v_scale: float | None = None, out: TensorLike | None = None, lse: TensorLike | None = None,
+            return_lse: bool = False) -> Output:
         """``q`` [total_q, num_qo_heads, head_dim], ``k`` and ``v`` [total_kv, num_kv_heads,
-        head_dim] (NHD) or HND, against the planned batch; returns as the paged wrapper's run()."""
-        return self._run((q, k, v), out, lse, return_lse)
+        head_dim] (NHD) or HND, both of plan()'s ``kv_data_type``, against the planned batch;
+        ``k_scale``, ``v_scale`` and the result as in the paged wrapper's run()."""
+        return self._run((q, k, v), out, lse, return_lse, k_scale, v_scale)

@@ -196,7 +196,44 @@ def test_decode_plans_an_fp8_cache_and_run_takes_its_scales(fake_torch: Any) -> 
     assert (wrapped["k_scale"], wrapped["v_scale"]) == (2.0, 0.5) and wrapped["workspace"] == ws.data_ptr()
     with pytest.raises(ValueError, match=r"run: paged_kv_cache has dtype bf16 but plan\(\) was given fp8_e4m3"):
         w.run(q, T((40, 2, 16, 8, 128), bf16))
+
+
+def test_prefill_wrappers_plan_an_fp8_cache_and_run_takes_its_scales(fake_torch: Any) -> None:
+    """Both prefill wrappers take kv_data_type and run()'s scales through the decode wrapper's
+    path: run() is the functional call with the same struct; the refusals name the argument."""
+    fp8 = type(fake_torch.float16)("float8_e5m2")
+    fake_torch.float8_e5m2 = fp8
+    T, bf16, i32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.int32
+    ws = T((WS_BYTES,), fake_torch.uint8)
+    qo, kv, q = T((5,), i32), T((5,), i32), T((100, 32, 128), bf16)
+    k, v = T((300, 8, 128), fp8), T((300, 8, 128), fp8)
+    ragged = flashgen.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(qo, kv, 32, 8, 128, causal=True, q_data_type=bf16, kv_data_type=fp8)
+    ragged.run(q, k, v, k_scale=0.25, v_scale=3.0)
+    flashgen.batch_prefill(q, qo, k, v, kv, causal=True, k_scale=0.25, v_scale=3.0)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional)
+    assert (wrapped["k_scale"], wrapped["v_scale"], wrapped["kv_dtype_code"]) == (0.25, 3.0, 2)
+    with pytest.raises(TypeError, match=r"batch_prefill: k and v must share one dtype, got k fp8_e5m2, v bf16"):
+        flashgen.batch_prefill(q, qo, k, T((300, 8, 128), bf16), kv)
+    with pytest.raises(ValueError, match=r"run: k has dtype bf16 but plan\(\) was given fp8_e5m2"):
+        ragged.run(q, T((300, 8, 128), bf16), T((300, 8, 128), bf16))
+
+    ix, last, cache = T((30,), i32), T((4,), i32), T((40, 2, 16, 8, 128), fp8)
     paged = flashgen.BatchPrefillWithPagedKVCacheWrapper(ws)
-    with pytest.raises(TypeError, match="an fp8 KV cache is read by batch decode only"):
-        paged.plan(T((5,), fake_torch.int32), indptr, indices, last, 32, 8, 128, 16, q_data_type=bf16,
-                   kv_data_type="float8_e4m3fn")
+    paged.plan(qo, kv, ix, last, 32, 8, 128, 16, q_data_type=bf16, kv_data_type="float8_e5m2")
+    paged.run(q, cache, v_scale=0.5)
+    flashgen.batch_prefill_paged(q, qo, cache, kv, ix, last, v_scale=0.5)
+    wrapped, functional = fake_torch.calls[-2:]
+    assert _per_shape(wrapped) == _per_shape(functional)
+    assert (wrapped["k_scale"], wrapped["v_scale"]) == (1.0, 0.5)
+    with pytest.raises(ValueError, match="batch_prefill_paged: pos_encoding='rope_llama' is not supported "
+                                         "with an fp8 KV cache"):
+        flashgen.batch_prefill_paged(q, qo, cache, kv, ix, last, pos_encoding="rope_llama")
+    with pytest.raises(ValueError, match="plan: pos_encoding='rope_llama' is not supported with an fp8 KV cache"):
+        paged.plan(qo, kv, ix, last, 32, 8, 128, 16, pos_encoding_mode="ROPE_LLAMA", q_data_type=bf16,
+                   kv_data_type=fp8)
+    with pytest.raises(ValueError, match="batch_prefill_paged: k_scale and v_scale apply to an fp8 KV cache"):
+        flashgen.batch_prefill_paged(q, qo, T((40, 2, 16, 8, 128), bf16), kv, ix, last, k_scale=2.0)
+    with pytest.raises(TypeError, match=r"run: k_scale must be a real number \(a Python float\), got '2'"):
+        paged.run(q, cache, k_scale="2")

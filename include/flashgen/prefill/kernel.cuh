@@ -10,6 +10,11 @@
  *    P repacked in registers as the A operand of O += P V (V fragments by ldmatrix.trans).
  *  - Epilogue: O / l, OutputTransform, staged through the warp's own Q rows in shared memory and
  *    written with 16-byte stores; LSE in natural log. Split units write fp32 partials instead.
+ *  - An fp8 cache (Fp8PrefillTraits): the ring streams the one-byte tiles as they are stored, and
+ *    once its own copies of a tile have landed each thread widens them, exactly (dtype.cuh), into
+ *    the 16-bit K or V tile the mma path reads, while the other copies stay in flight. k_scale
+ *    multiplies the transformed query, v_scale the output before OutputTransform (and so every
+ *    split's partial, which the merge combines as it is).
  */
 #pragma once
 
@@ -49,6 +54,34 @@ struct RowBias {
 };
 
 /**
+ * The copies of one fp8 stage that this thread issued (Fp8PrefillTraits' layout), widened into a
+ * 16-bit tile of kChunks chunks a row: 16 bytes into chunks 2c and 2c + 1 of the row. Threads
+ * whose chunk has bit 2 set store chunk 2c + 1 first, so the eight threads of a store phase hit
+ * eight distinct 16-byte bank groups.
+ */
+template <typename Traits, typename To, typename Fp8>
+__device__ __forceinline__ void widen_own_copies(const uint8_t* stage, uint8_t* tile,
+                                                 uint32_t tid) {
+  constexpr int kChunks = Traits::kChunks;
+  const uint32_t c = tid % Traits::kCopyChunks;
+  const uint32_t row0 = tid / Traits::kCopyChunks;
+  const uint32_t first = (c >> 2) & 1;
+#pragma unroll 2
+  for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
+    uint4 x = *reinterpret_cast<const uint4*>(stage + (i * Traits::kThreads + tid) * 16);
+    if (first) x = make_uint4(x.z, x.w, x.x, x.y);  // the chunk's high half first
+    uint4 a, b;
+    fp8::widen4<To, Fp8>(x.x, a.x, a.y);
+    fp8::widen4<To, Fp8>(x.y, a.z, a.w);
+    fp8::widen4<To, Fp8>(x.z, b.x, b.y);
+    fp8::widen4<To, Fp8>(x.w, b.z, b.w);
+    const uint32_t row = row0 + i * Traits::kCopyRows;
+    *reinterpret_cast<uint4*>(tile + swz<kChunks>(row, 2 * c + first)) = a;
+    *reinterpret_cast<uint4*>(tile + swz<kChunks>(row, 2 * c + 1 - first)) = b;
+  }
+}
+
+/**
  * The kernel. Params is one of the three prefill params structs; Sched maps block -> unit;
  * rope_k is the rotated-K workspace (POS == kPosRopeLlama), part the split partials.
  */
@@ -60,7 +93,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   using DTypeQ = typename Params::DTypeQ;
   using DTypeKV = typename Params::DTypeKV;
   using DTypeO = typename Params::DTypeO;
-  static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
+  constexpr bool kWiden = Traits::kWiden;
+  static_assert(std::is_same<DTypeQ, DTypeKV>::value || (kWiden && is_fp8<DTypeKV>),
+                "q and kv share one 16-bit dtype, or kv is an fp8 cache widened to q's");
+  // The type of the tensor-core products: the cache's, or q's for a widened fp8 cache.
+  using DTypeMma = std::conditional_t<kWiden, DTypeQ, DTypeKV>;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kChunks = Traits::kChunks;
   constexpr int kMmaQ = Traits::kMmaQ;
@@ -75,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   constexpr bool kVarLogits =
       has_own_logits_transform<Variant, Params>() && !kLinearBias && !kTanhCap;
   constexpr bool kBounds = uses_mask_bounds<Variant, Params>();
-  constexpr bool kFixedMaxAble = kSoftmax && fixed_reference_able<Variant, Params, DTypeKV>();
+  constexpr bool kFixedMaxAble = kSoftmax && fixed_reference_able<Variant, Params, DTypeMma>();
   constexpr bool kWholeTiles = tuning::whole_tile_copies(kLinearBias, kTanhCap);
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -100,12 +137,17 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   uint8_t* kv_smem = q_smem + Traits::kQSmemBytes;
   const uint32_t q_addr = ptx::smem_addr(q_smem);
   const uint32_t k_addr = ptx::smem_addr(kv_smem);
-  const uint32_t v_addr = k_addr + Traits::kStages * Traits::kKVTileBytes;
+  const uint32_t v_addr = k_addr + Traits::kStages * Traits::kStageTileBytes;
+  // An fp8 cache: the 16-bit K and V tiles each thread widens its copies into, after the ring.
+  uint8_t* widened = kv_smem + 2 * Traits::kStages * Traits::kStageTileBytes;
+  const uint32_t widened_k = ptx::smem_addr(widened);
+  const uint32_t widened_v = widened_k + Traits::kKVTileBytes;
+  (void)widened_k;
+  (void)widened_v;
   // Token of each packed row, written at the Q load (a warp reads only its own rows): the
   // masked tiles, the hooks and the epilogue read it instead of dividing by G (the head is
   // kv_head * G + p - token * G).
-  int32_t* row_token =
-      reinterpret_cast<int32_t*>(kv_smem + 2 * Traits::kStages * Traits::kKVTileBytes);
+  int32_t* row_token = reinterpret_cast<int32_t*>(widened + Traits::kWidenedBytes);
   RowBias* row_bias = reinterpret_cast<RowBias*>(row_token + Traits::kTileQ);
   (void)row_bias;
 
@@ -129,9 +171,12 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 
   const auto kv = make_kv<kD, PAGE_SIZE, kRope>(params, rq, kv_head, rope_k);
 
-  // ---- K/V copies: thread copies chunk tid % kChunks of rows tid / kChunks + i * kCopyRows
-  const uint32_t copy_chunk = tid % kChunks;
-  const uint32_t copy_row0 = tid / kChunks;
+  // ---- K/V copies: thread copies chunk tid % kCopyChunks of rows tid / kCopyChunks + i *
+  // kCopyRows (a chunk: 16 bytes, kCopyElems elements)
+  constexpr int kCopyChunks = Traits::kCopyChunks;
+  constexpr int kCopyElems = 16 / int(sizeof(DTypeKV));
+  const uint32_t copy_chunk = tid % kCopyChunks;
+  const uint32_t copy_row0 = tid / kCopyChunks;
   // Paged, tiles made of whole pages and pages of whole copy strides: a thread's rows
   // copy_row0 + i * kCopyRows fall in page i / kRowsPerPage of the tile at the same in-page row
   // for each i % kRowsPerPage, so it looks up kTileKV / PAGE_SIZE pages per tile (not one per
@@ -169,31 +214,33 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   // Row i of a thread's copies is copy_row0 + i * kCopyRows (kCopyRows is a multiple of 8, so
   // every row has the XOR key copy_row0 & 7): destinations are constant offsets, and dense
   // sources advance by one 64-bit step (no per-row pointers held across the loop).
-  const uint32_t copy_dst = swz<kChunks>(copy_row0, copy_chunk);
+  // An fp8 stage: copy i of thread tid at (i * kThreads + tid) * 16 (Fp8PrefillTraits).
+  const uint32_t copy_dst = kWiden ? tid * 16 : swz<kChunks>(copy_row0, copy_chunk);
+  constexpr uint32_t kCopyStep = kWiden ? Traits::kThreads * 16 : Traits::kCopyRows * kChunks * 16;
   auto issue = [&](int32_t kt, bool is_v) {
     if (kt < kt_end) {
       const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
-      const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kKVTileBytes + copy_dst;
+      const uint32_t dst0 = (is_v ? v_addr : k_addr) + stage * Traits::kStageTileBytes + copy_dst;
       const int32_t pos0 = kt * kTileKV + int32_t(copy_row0);
       // A tile wholly inside kv_len (all but the last) copies with no per-row checks: a
       // warp-uniform branch instead of a compare and two selects per 16-byte copy.
       const bool whole = kWholeTiles && kt * kTileKV + kTileKV <= kv_len;
       // Rows held densely at base + pos * stride: one 64-bit step per row.
       auto dense_copies = [&](const DTypeKV* rows, int64_t stride) {
-        const DTypeKV* base = rows + copy_chunk * 8;
+        const DTypeKV* base = rows + copy_chunk * kCopyElems;
         const DTypeKV* src = base + int64_t(pos0) * stride;
         const int64_t step = int64_t(Traits::kCopyRows) * stride;
         if (whole) {
 #pragma unroll
           for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src, 16u);
+            ptx::cp_async_16(dst0 + i * kCopyStep, src, 16u);
             src += step;
           }
         } else {
 #pragma unroll
           for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
             const bool valid = pos0 + i * Traits::kCopyRows < kv_len;
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, valid ? src : base,
+            ptx::cp_async_16(dst0 + i * kCopyStep, valid ? src : base,
                              valid ? 16u : 0u);
             src += step;
           }
@@ -224,7 +271,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
                                  (is_v ? kv.stride_kv : 0) +
                                  int64_t(copy_row0 + (i % kRowsPerPage) * Traits::kCopyRows) *
                                      kv.stride_n;
-            ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+            ptx::cp_async_16(dst0 + i * kCopyStep, src + copy_chunk * kCopyElems,
                              valid ? 16u : 0u);
           }
         };
@@ -240,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           const bool valid = pos < kv_len;
           const uint32_t upos = valid ? uint32_t(pos) : 0u;
           const DTypeKV* src = is_v ? kv.v_row(pages[i], upos) : kv.k_row(pages[i], upos);
-          ptx::cp_async_16(dst0 + i * Traits::kCopyRows * kChunks * 16, src + copy_chunk * 8,
+          ptx::cp_async_16(dst0 + i * kCopyStep, src + copy_chunk * kCopyElems,
                            valid ? 16u : 0u);
         }
       } else {
@@ -284,6 +331,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
       float lo[8], hi[8];
       load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c, rp, lo, hi);
+      if constexpr (kWiden) {  // the logits of K = k_scale * stored
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          lo[j] *= params.k_scale;
+          hi[j] *= params.k_scale;
+        }
+      }
       *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c)) = pack8<DTypeQ>(lo);
       *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c + kHalf)) = pack8<DTypeQ>(hi);
     }
@@ -347,8 +401,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     constexpr bool kMask = decltype(mask_tag)::value;
     const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
     // K_kt has landed (V_kt may still be in flight); with 2 stages this barrier also frees the
-    // buffers of tile kt-1 for tile kt+1.
+    // buffers of tile kt-1 for tile kt+1. An fp8 cache: this thread's copies of K_kt widened
+    // first (every warp is done with the 16-bit K tile: it passed the V barrier of tile kt-1).
     ptx::cp_async_wait<1>();
+    if constexpr (kWiden) {
+      widen_own_copies<Traits, DTypeMma, DTypeKV>(kv_smem + stage * Traits::kStageTileBytes,
+                                                  widened, tid);
+    }
     __syncthreads();
     if constexpr (Traits::kStages == 2) issue(kt + 1, false);
 
@@ -361,7 +420,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         for (int e = 0; e < 4; ++e) s[mq][nt][e] = 0.f;
       }
     }
-    const uint32_t kb = k_addr + stage * Traits::kKVTileBytes;
+    const uint32_t kb = kWiden ? widened_k : k_addr + stage * Traits::kKVTileBytes;
 #pragma unroll
     for (int ks = 0; ks < Traits::kKSteps; ++ks) {
       uint32_t qa[kMmaQ][4];
@@ -375,8 +434,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         ptx::ldmatrix_x4(b, frag(kb + np * 16 * kRowBytes, k_rel, ks));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          ptx::mma_16816<DTypeKV>(s[mq][2 * np], qa[mq], b[0], b[1]);
-          ptx::mma_16816<DTypeKV>(s[mq][2 * np + 1], qa[mq], b[2], b[3]);
+          ptx::mma_16816<DTypeMma>(s[mq][2 * np], qa[mq], b[0], b[1]);
+          ptx::mma_16816<DTypeMma>(s[mq][2 * np + 1], qa[mq], b[2], b[3]);
         }
       }
     }
@@ -544,19 +603,25 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        pf[mq][nt][0] = ptx::pack2<DTypeKV>(s[mq][nt][0], s[mq][nt][1]);
-        pf[mq][nt][1] = ptx::pack2<DTypeKV>(s[mq][nt][2], s[mq][nt][3]);
+        pf[mq][nt][0] = ptx::pack2<DTypeMma>(s[mq][nt][0], s[mq][nt][1]);
+        pf[mq][nt][1] = ptx::pack2<DTypeMma>(s[mq][nt][2], s[mq][nt][3]);
       }
     }
 
-    // ---- V_kt has landed (K_{kt+1} may be in flight)
+    // ---- V_kt has landed (K_{kt+1} may be in flight); an fp8 cache: widened as K was (every
+    // warp is done with the 16-bit V tile: it passed the K barrier of this tile)
     ptx::cp_async_wait<1>();
+    if constexpr (kWiden) {
+      widen_own_copies<Traits, DTypeMma, DTypeKV>(
+          kv_smem + (Traits::kStages + stage) * Traits::kStageTileBytes,
+          widened + Traits::kKVTileBytes, tid);
+    }
     __syncthreads();
     if constexpr (Traits::kStages == 2) {
       issue(kt + 1, true);
       load_pages(kt + 2);
     }
-    const uint32_t vb = v_addr + stage * Traits::kKVTileBytes;
+    const uint32_t vb = kWiden ? widened_v : v_addr + stage * Traits::kKVTileBytes;
     // Warps with an all-zero P (causal) too: skipping them is slower.
 #pragma unroll
     for (int ks = 0; ks < Traits::kPVSteps; ++ks) {
@@ -574,8 +639,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         ptx::ldmatrix_x4_trans(b, frag(vb + ks * 16 * kRowBytes, v_rel, dp));
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp], pa[mq], b[0], b[1]);
-          ptx::mma_16816<DTypeKV>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
+          ptx::mma_16816<DTypeMma>(o[mq][2 * dp], pa[mq], b[0], b[1]);
+          ptx::mma_16816<DTypeMma>(o[mq][2 * dp + 1], pa[mq], b[2], b[3]);
         }
       }
     }
@@ -616,7 +681,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       for (int h = 0; h < 2; ++h) {
         const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
         const float lv = l[mq][h];
-        const float inv = lse::inverse<kSoftmax>(lv);
+        float inv = lse::inverse<kSoftmax>(lv);
+        if constexpr (kWiden) inv *= params.v_scale;  // V = v_scale * stored
         float* dst = part.o + (slot_row0 + r) * kD + 2 * pair;
 #pragma unroll
         for (int dt = 0; dt < kDT; ++dt) {
@@ -652,7 +718,8 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     for (int h = 0; h < 2; ++h) {
       const uint32_t r = warp_row0 + mq * 16 + group + 8 * h;
       const float lv = l[mq][h];
-      const float inv = lse::inverse<kSoftmax>(lv);
+      float inv = lse::inverse<kSoftmax>(lv);
+      if constexpr (kWiden) inv *= params.v_scale;  // V = v_scale * stored
       const int32_t token = row_token[r];
       const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
 #pragma unroll

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "flashgen/dtype.cuh"
 #include "flashgen/portable_tuning.cuh"
 #include "flashgen/prefill/hooks.cuh"
 
@@ -42,11 +43,16 @@ struct PrefillTraits {
   static constexpr int kDT = kHeadDim / 8;           // n tiles of O per m tile
   static constexpr int kKSteps = kHeadDim / 16;      // k steps of Q K^T
   static constexpr int kPVSteps = kTileKV / 16;      // k steps of P V
+  static constexpr int kCopyChunks = kChunks;          // 16-byte copies per row
   static constexpr int kCopyRows = kThreads / kChunks;  // rows one CTA-wide copy covers
   static constexpr int kCopiesPerThread = kTileKV / kCopyRows;
   static constexpr int kVariantSmemBytes = 256;
   static constexpr int kQSmemBytes = kTileQ * kHeadDim * 2;
-  static constexpr int kKVTileBytes = kTileKV * kHeadDim * 2;
+  static constexpr int kKVTileBytes = kTileKV * kHeadDim * 2;  // a 16-bit tile, as the mma reads it
+  // The K/V ring: 16-bit tiles, read in place (an fp8 cache: Fp8PrefillTraits).
+  static constexpr bool kWiden = false;
+  static constexpr int kStageTileBytes = kKVTileBytes;
+  static constexpr int kWidenedBytes = 0;
   // token of each packed row, then its linear bias (slope, origin) where the variant has one
   static constexpr int kRowInfoBytes = kTileQ * 12;
   static constexpr int kSmemBytes =
@@ -54,6 +60,29 @@ struct PrefillTraits {
   static_assert(kThreads % kChunks == 0 && kTileKV % kCopyRows == 0, "copy layout");
   static_assert(kNT % 2 == 0 && kDT % 2 == 0, "fragments come in pairs");
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
+};
+
+/**
+ * The same kernel over an fp8 cache: the ring's stages hold the one-byte tiles as they are
+ * stored (a 16-byte copy is 16 elements, so a CTA-wide copy covers twice the rows), and each
+ * thread widens the copies it issued into one 16-bit K tile and one 16-bit V tile (Base's
+ * swizzled layout), which the mma path reads as it reads a 16-bit stage. A stage is only ever
+ * read by the thread that filled it, so it is laid out by thread: copy i of thread t at
+ * (i * kThreads + t) * 16 (conflict-free for the copies and the reads).
+ */
+template <typename Base>
+struct Fp8PrefillTraits : Base {
+  static constexpr bool kWiden = true;
+  static constexpr int kCopyChunks = Base::kHeadDim / 16;           // 16-byte copies per row
+  static constexpr int kCopyRows = Base::kThreads / kCopyChunks;    // rows one CTA-wide copy covers
+  static constexpr int kCopiesPerThread = Base::kTileKV / kCopyRows;
+  static constexpr int kStageTileBytes = Base::kTileKV * Base::kHeadDim;
+  static constexpr int kWidenedBytes = 2 * Base::kKVTileBytes;      // the 16-bit K and V tiles
+  static constexpr int kSmemBytes = Base::kVariantSmemBytes + Base::kQSmemBytes +
+                                    2 * Base::kStages * kStageTileBytes + kWidenedBytes +
+                                    Base::kRowInfoBytes;
+  static_assert(Base::kThreads % kCopyChunks == 0 && Base::kTileKV % kCopyRows == 0,
+                "fp8 copy layout");
 };
 
 /** Whether Params holds a page table (the paged kinds). */
@@ -76,7 +105,10 @@ constexpr int min_ctas() {
 }
 
 template <int HEAD_DIM, typename Variant, typename Params>
-using PrefillTraitsFor = PrefillTraits<HEAD_DIM, min_ctas<HEAD_DIM, Variant, Params>()>;
+using PrefillTraitsFor = std::conditional_t<
+    is_fp8<typename Params::DTypeKV>,
+    Fp8PrefillTraits<PrefillTraits<HEAD_DIM, min_ctas<HEAD_DIM, Variant, Params>()>>,
+    PrefillTraits<HEAD_DIM, min_ctas<HEAD_DIM, Variant, Params>()>>;
 
 __host__ __device__ __forceinline__ constexpr int64_t ceil_div64(int64_t a, int64_t b) {
   return (a + b - 1) / b;

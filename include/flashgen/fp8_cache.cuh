@@ -1,0 +1,100 @@
+/**
+ * @brief The kv_dtype axis of the modules that read an fp8 KV cache (batch_decode,
+ * batch_prefill_paged, batch_prefill_ragged), host side: the cache's element type of a kv_dtype
+ * code, the conditions of an fp8 call and its scales, and the refusal of rope_llama with an fp8
+ * cache. Include after <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes).
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+
+#include <cuda_fp8.h>
+
+#include "flashgen/status.cuh"
+
+namespace flashgen {
+
+/** The cache's element type of kv_dtype code KV: `DType` itself, or an fp8 type. */
+template <typename DType, int KV>
+using CacheType = std::conditional_t<
+    KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3, __nv_fp8_e4m3,
+    std::conditional_t<KV == FLASHGEN_CODE_kv_dtype_fp8_e5m2, __nv_fp8_e5m2, DType>>;
+
+constexpr const char* kv_dtype_name(int kv) {
+  return kv == FLASHGEN_CODE_kv_dtype_fp8_e4m3   ? "fp8_e4m3"
+         : kv == FLASHGEN_CODE_kv_dtype_fp8_e5m2 ? "fp8_e5m2"
+                                                 : "same";
+}
+
+/** A stride of the cache as an error message names it. */
+struct NamedStride {
+  const char* name;
+  int64_t value;
+};
+
+/**
+ * An fp8 cache's conditions: every stride a multiple of 16 elements (a row is read as 16-byte
+ * copies of 16 elements), finite scales; they become the params' k_scale and v_scale.
+ * `tensor`: the cache's name in messages.
+ */
+template <typename Params, int N>
+int fill_fp8_cache(Params& p, const char* module, const char* tensor,
+                   const NamedStride (&strides)[N], float k_scale, float v_scale) {
+  for (const NamedStride& s : strides) {
+    if (s.value % 16 != 0) {
+      char list[160];
+      int at = 0;
+      for (int i = 0; i < N && at < int(sizeof(list)); ++i) {
+        at += std::snprintf(list + at, sizeof(list) - at, "%s%s %lld", i ? ", " : "",
+                            strides[i].name, static_cast<long long>(strides[i].value));
+      }
+      return fail(FLASHGEN_INVALID_ARGUMENT,
+                  "%s: an fp8 %s needs strides that are multiples of 16 elements (%s)", module,
+                  tensor, list);
+    }
+  }
+  if (!std::isfinite(k_scale) || !std::isfinite(v_scale)) {
+    return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k_scale and v_scale must be finite, got %g and %g",
+                module, static_cast<double>(k_scale), static_cast<double>(v_scale));
+  }
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  return FLASHGEN_OK;
+}
+
+/** The paged cache of batch_decode and batch_prefill_paged (their arguments' kv_stride_*). */
+template <typename Params, typename Args>
+int fill_fp8_paged_cache(Params& p, const Args& a, const char* module) {
+  const NamedStride strides[] = {{"page", a.kv_stride_page},
+                                 {"kv", a.kv_stride_kv},
+                                 {"n", a.kv_stride_n},
+                                 {"h", a.kv_stride_h}};
+  return fill_fp8_cache(p, module, "paged_kv", strides, a.k_scale, a.v_scale);
+}
+
+/** Ragged k and v (their arguments' k_stride_* and v_stride_*). */
+template <typename Params, typename Args>
+int fill_fp8_ragged_cache(Params& p, const Args& a, const char* module) {
+  const NamedStride strides[] = {{"k n", a.k_stride_n},
+                                 {"k h", a.k_stride_h},
+                                 {"v n", a.v_stride_n},
+                                 {"v h", a.v_stride_h}};
+  return fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale);
+}
+
+/**
+ * rope_llama with an fp8 cache: refused. Its kernels rotate 16-bit keys (the prefill's RoPE
+ * pre-pass); engines rotate keys before they write the cache, so the cache never needs it.
+ */
+inline int refuse_rope_of_fp8(const char* module, int kv) {
+  return fail(FLASHGEN_INVALID_ARGUMENT,
+              "%s: pos_encoding=rope_llama with an fp8 KV cache (kv_dtype=%s) is not supported: "
+              "the rope_llama kernels read f16/bf16 K/V only; rotate the keys before quantizing "
+              "them (as engines do before they write the cache) and call with pos_encoding=none",
+              module, kv_dtype_name(kv));
+}
+
+}  // namespace flashgen
