@@ -269,23 +269,9 @@ def run_fp8_prefill(kind: str, dtype: str, fp8: str, head_dim: int, page_size: i
     return o, lse
 
 
-@pytest.mark.parametrize("case", PAGE_CASES, ids=repr)
-def test_fp8_prefill_paged_page_sizes(case: tuple[Any, ...]) -> None:
-    run_fp8_prefill(*case)
-
-
-@pytest.mark.parametrize("case", RAGGED_CASES, ids=repr)
-def test_fp8_prefill_ragged(case: tuple[Any, ...]) -> None:
-    run_fp8_prefill(*case)
-
-
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=repr)
-def test_fp8_prefill_every_variant(case: tuple[Any, ...]) -> None:
-    run_fp8_prefill(*case)
-
-
-@pytest.mark.parametrize("case", HEAD_DIM_CASES, ids=repr)
-def test_fp8_prefill_head_dims(case: tuple[Any, ...]) -> None:
+@pytest.mark.parametrize("case", PAGE_CASES + RAGGED_CASES + VARIANT_CASES + HEAD_DIM_CASES, ids=repr)
+def test_fp8_prefill(case: tuple[Any, ...]) -> None:
+    """Every page size, ragged, every variant, head_dim 64 and 256 (the case lists above)."""
     run_fp8_prefill(*case)
 
 

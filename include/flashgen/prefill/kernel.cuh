@@ -66,7 +66,9 @@ __device__ __forceinline__ void widen_own_copies(const uint8_t* stage, uint8_t* 
   const uint32_t c = tid % Traits::kCopyChunks;
   const uint32_t row0 = tid / Traits::kCopyChunks;
   const uint32_t first = (c >> 2) & 1;
-#pragma unroll 2
+  // One copy at a time: unrolled, the loads hoisted ahead of the widening need registers the
+  // kernel (at its 255) does not have, and ptxas spilled more (benches/ptxas_spills.py).
+#pragma unroll 1
   for (int i = 0; i < Traits::kCopiesPerThread; ++i) {
     uint4 x = *reinterpret_cast<const uint4*>(stage + (i * Traits::kThreads + tid) * 16);
     if (first) x = make_uint4(x.z, x.w, x.x, x.y);  // the chunk's high half first
