@@ -760,10 +760,12 @@ def case_from_instance(module: str, p: dict[str, Any]) -> list[dict[str, Any]]:
     Axes it knows: dtype, head_dim, variant, page_size, pos_encoding, mask ("none" / "causal"),
     kv_layout; another axis fails the test (teach it here)."""
     known = {"dtype", "head_dim", "variant", "page_size", "pos_encoding", "mask", "causal", "mask_mode", "kv_layout",
-             "backend"}
+             "backend", "kv_dtype"}
     unknown = set(p) - known
     if unknown:
         pytest.fail(f"{module}: axes {sorted(unknown)} are unknown to this test; map them in case_from_instance")
+    if p.get("kv_dtype", "same") != "same":
+        pytest.fail(f"{module}: precompiled kv_dtype={p['kv_dtype']!r}: an fp8 cache has its reference in test_fp8_gpu")
     if "single" in module:
         kind, extra = "single", dict(shape=(129, 1000))
     elif "page_size" in p or "paged" in module:

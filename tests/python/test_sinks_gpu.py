@@ -138,11 +138,11 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
     backends = BACKENDS if SM90 else ["portable"]
     for dt in DTYPES:
         base = {"dtype": dt, "head_dim": HEAD_DIM, "pos_encoding": "none", "variant": "attention_sink"}
-        out.append(("batch_decode", dict(base, page_size=16)))
+        out.append(("batch_decode", dict(base, page_size=16, kv_dtype="same")))
         for be in backends:
             out.append(("single_decode", dict(base, backend=be)))
             out.append(("single_prefill", dict(base, mask="none", backend=be)))
-            out.append(("batch_prefill_paged", dict(base, mask="causal", page_size=16, backend=be)))
+            out.append(("batch_prefill_paged", dict(base, mask="causal", page_size=16, backend=be, kv_dtype="same")))
     for variant in ("attention_sink", "sliding_window", "default"):
         for dt in (DTYPES if variant == "attention_sink" else ["bf16"]):
             base = {"dtype": dt, "head_dim": HEAD_DIM, "pos_encoding": "none", "variant": variant}
@@ -150,7 +150,7 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
                 if variant != "attention_sink":
                     out.append(("single_decode", dict(base, backend=be)))
                 out.append(("single_prefill", dict(base, mask="causal", backend=be)))
-                out.append(("batch_prefill_ragged", dict(base, mask="causal", backend=be)))
+                out.append(("batch_prefill_ragged", dict(base, mask="causal", backend=be, kv_dtype="same")))
     return out
 
 

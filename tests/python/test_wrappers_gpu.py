@@ -1,6 +1,6 @@
 """The engine-facing wrappers on a GPU: run() gives exactly the functional call's output over the
-caller's workspace, for page sizes 1, 16, 32 and 64 (checked against a plain fp32 PyTorch
-reference too); a run() captured once in a CUDA graph replays correctly after plan() with new
+caller's workspace, for page sizes 1, 16, 32 and 64 and for fp8 caches (checked against a plain
+fp32 PyTorch reference too); a run() captured once in a CUDA graph replays correctly after plan() with new
 lengths (capture fails if run() synchronizes); a workspace too small is refused before a launch.
 Skips cleanly without torch or a CUDA device."""
 
@@ -36,10 +36,14 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
     backends = ["portable"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
     out = [("batch_decode", {**base, "page_size": ps, "variant": "default", "kv_dtype": kv})
            for ps in PAGE_SIZES for kv in ("same", "fp8_e4m3")]
-    out += [("batch_prefill_paged", {**base, "page_size": ps, "mask": "causal", "variant": "default", "backend": b})
-            for ps in PAGE_SIZES for b in backends]
-    out += [("batch_prefill_ragged", {**base, "mask": "causal", "variant": v, "backend": backends[-1]})
+    out += [("batch_prefill_paged", {**base, "page_size": ps, "mask": "causal", "variant": "default", "backend": b,
+                                     "kv_dtype": "same"}) for ps in PAGE_SIZES for b in backends]
+    out += [("batch_prefill_ragged", {**base, "mask": "causal", "variant": v, "backend": backends[-1], "kv_dtype": "same"})
             for v in ("default", "sliding_window")]
+    out += [("batch_prefill_paged", {**base, "page_size": 16, "mask": "causal", "variant": "default", "backend": b,
+                                     "kv_dtype": "fp8_e4m3"}) for b in backends]
+    out += [("batch_prefill_ragged", {**base, "mask": "causal", "variant": "default", "backend": b,
+                                      "kv_dtype": "fp8_e5m2"}) for b in backends]
     return out
 
 
@@ -257,3 +261,41 @@ def test_decode_wrapper_reads_an_fp8_cache(workspace: Any) -> None:
     for b, n in enumerate(lens):
         k, v = gather(cache, indptr, indices, b, n)
         close(o[b: b + 1], attend(q[b: b + 1], k * 0.5, v * 2.0, causal=False))
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this torch has no float8 dtypes")
+@pytest.mark.parametrize("backend", ["sm90", "portable"])
+def test_prefill_wrappers_read_an_fp8_cache(workspace: Any, backend: str) -> None:
+    if backend == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm90 backend runs on sm_90 only")
+    gen = torch.Generator().manual_seed(10)
+    kv_lens, qo_lens = [1, 100, 777, 2048], [1, 100, 300, 129]
+    qo_indptr = torch.tensor([0] + torch.tensor(qo_lens).cumsum(0).tolist(), dtype=I32, device=DEV)
+    q = torch.randn(sum(qo_lens), HQ, D, dtype=BF16, device=DEV)
+    num_pages = sum(-(-n // 16) for n in kv_lens) + 2
+    cache = torch.randn(num_pages, 2, 16, HKV, D, device=DEV).to(torch.float8_e4m3fn)
+    indptr, indices, last = page_table(kv_lens, 16, num_pages, gen)
+    paged = flashgen.BatchPrefillWithPagedKVCacheWrapper(workspace, backend=backend)
+    paged.plan(qo_indptr, indptr, indices, last, HQ, HKV, D, 16, causal=True, q_data_type=BF16,
+               kv_data_type=torch.float8_e4m3fn)
+    o = paged.run(q, cache, k_scale=0.5, v_scale=2.0)
+    assert torch.equal(o, flashgen.batch_prefill_paged(q, qo_indptr, cache, indptr, indices, last, causal=True,
+                                                       k_scale=0.5, v_scale=2.0, backend=backend))
+    for b, (lq, lk) in enumerate(zip(qo_lens, kv_lens)):
+        k, v = gather(cache, indptr, indices, b, lk)
+        r0 = int(qo_indptr[b])
+        close(o[r0: r0 + lq], attend(q[r0: r0 + lq], k * 0.5, v * 2.0, causal=True))
+
+    kv_indptr = torch.tensor([0] + torch.tensor(kv_lens).cumsum(0).tolist(), dtype=I32, device=DEV)
+    k = torch.randn(sum(kv_lens), HKV, D, device=DEV).to(torch.float8_e5m2)
+    v = torch.randn(sum(kv_lens), HKV, D, device=DEV).to(torch.float8_e5m2)
+    ragged = flashgen.BatchPrefillWithRaggedKVCacheWrapper(workspace, backend=backend)
+    ragged.plan(qo_indptr, kv_indptr, HQ, HKV, D, causal=True, q_data_type=BF16, kv_data_type=torch.float8_e5m2)
+    o, lse = ragged.run(q, k, v, k_scale=0.25, v_scale=3.0, return_lse=True)
+    fo, flse = flashgen.batch_prefill(q, qo_indptr, k, v, kv_indptr, causal=True, k_scale=0.25, v_scale=3.0,
+                                      return_lse=True, backend=backend)
+    assert torch.equal(o, fo) and torch.equal(lse, flse)
+    for b, (lq, lk) in enumerate(zip(qo_lens, kv_lens)):
+        r0, k0 = int(qo_indptr[b]), int(kv_indptr[b])
+        close(o[r0: r0 + lq], attend(q[r0: r0 + lq], k[k0: k0 + lk].float() * 0.25, v[k0: k0 + lk].float() * 3.0,
+                                     causal=True))
