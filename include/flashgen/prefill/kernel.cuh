@@ -144,8 +144,6 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   uint8_t* widened = kv_smem + 2 * Traits::kStages * Traits::kStageTileBytes;
   const uint32_t widened_k = ptx::smem_addr(widened);
   const uint32_t widened_v = widened_k + Traits::kKVTileBytes;
-  (void)widened_k;
-  (void)widened_v;
   // Token of each packed row, written at the Q load (a warp reads only its own rows): the
   // masked tiles, the hooks and the epilogue read it instead of dividing by G (the head is
   // kv_head * G + p - token * G).
