@@ -48,8 +48,8 @@ fn aot_subset_is_include_minus_exclude() {
 }
 
 /// The repository's batch_decode: an fp8 KV cache is its `kv_dtype` axis (`same`, the model
-/// dtype, first); no fp8 instance is precompiled, and those with rope_llama (which the prefill
-/// kernels would serve, and they read no fp8) are left out of the release with the reason.
+/// dtype, first); no fp8 instance is precompiled, and those with rope_llama (whose RoPE pre-pass
+/// rotates 16-bit keys only) are left out of the release with the reason.
 #[test]
 fn batch_decode_has_an_fp8_kv_dtype_axis_outside_the_aot_set() {
     let o = Command::cargo_bin("flashgen")
@@ -91,6 +91,57 @@ fn batch_decode_has_an_fp8_kv_dtype_axis_outside_the_aot_set() {
         }
     }
     assert!(rows.iter().any(|r| kv(r) == "same" && r["aot"] == true));
+}
+
+/// The repository's batch prefill modules: the same `kv_dtype` axis; the release holds their fp8
+/// instances for fp8_e4m3 at head_dim 128 without in-kernel RoPE, with the default, soft_cap,
+/// sliding_window and attention_sink variants (every page size and mask, both backends), and
+/// says why it leaves out each of the others.
+#[test]
+fn batch_prefill_has_an_fp8_kv_dtype_axis_and_a_release_slice_of_it() {
+    for module in ["batch_prefill_paged", "batch_prefill_ragged"] {
+        let o = Command::cargo_bin("flashgen")
+            .unwrap()
+            .arg("--config")
+            .arg(repo().join("variants.json"))
+            .args(["list-variants", "--json", "--module", module])
+            .output()
+            .unwrap();
+        let rows = json(&o);
+        let rows = rows.as_array().unwrap();
+        let param = |r: &Value, axis: &str| r["params"][axis].to_string().replace('"', "");
+        let mut shipped = 0;
+        for r in rows {
+            let uri = r["uri"].as_str().unwrap();
+            let kv = param(r, "kv_dtype");
+            assert!(uri.ends_with(&format!("_kv_dtype_{kv}")), "{uri}");
+            if kv == "same" {
+                continue;
+            }
+            assert!(r["aot"] != true, "{uri} is precompiled");
+            let outside = r["outside_release"].as_str();
+            if param(r, "pos_encoding") == "rope_llama" {
+                assert!(outside.is_some_and(|why| why.contains("refused")), "{uri}");
+                continue;
+            }
+            let variant = param(r, "variant");
+            let ships = kv == "fp8_e4m3"
+                && param(r, "head_dim") == "128"
+                && matches!(
+                    variant.as_str(),
+                    "default" | "soft_cap" | "sliding_window" | "attention_sink"
+                );
+            assert_eq!(outside.is_none(), ships, "{uri}: {outside:?}");
+            shipped += usize::from(ships);
+        }
+        // dtype x mask x backend x 4 variants, x 4 page sizes for the paged cache
+        let pages = if module == "batch_prefill_paged" {
+            4
+        } else {
+            1
+        };
+        assert_eq!(shipped, 2 * 2 * 2 * 4 * pages, "{module}");
+    }
 }
 
 #[test]
