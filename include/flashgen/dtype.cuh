@@ -57,18 +57,21 @@ constexpr bool is_fp8 = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __
 namespace fp8 {
 
 /**
- * fp8 to f16 / bf16 without hardware fp8 conversion (sm_80 has none), exact for every finite
- * value, subnormals included: the sign stays in bit 15, the exponent and mantissa bits move
+ * fp8 to f16 / bf16, exact for every finite value, subnormals included. Without hardware fp8
+ * conversion (sm_80 has none): the sign stays in bit 15, the exponent and mantissa bits move
  * under the 16-bit type's (a subnormal fp8 lands on a subnormal or normal 16-bit value with the
  * same mantissa bits), which gives the value times 2^-(difference of the exponent biases); one
  * multiply by that power of two, exact, restores it. e5m2 -> f16 is the byte shifted into the
- * high half as it stands (same exponent width and bias).
+ * high half as it stands (same exponent width and bias). On sm_89 and later e4m3 -> f16 is the
+ * hardware's conversion (one instruction a pair, where the shifts take four).
  *
- * Not finite values: e4m3fn's NaN (S.1111.111) becomes +-480 (a value past e4m3's largest, 448);
- * e5m2's Inf and NaN stay Inf and NaN in f16 and become finite +-65536 .. +-114688 in bf16.
+ * Not finite values: e4m3fn's NaN (S.1111.111) becomes +-480 (a value past e4m3's largest, 448)
+ * in the shifted form and NaN in the hardware's; e5m2's Inf and NaN stay Inf and NaN in f16 and
+ * become finite +-65536 .. +-114688 in bf16.
  *
- * The pair form works on two bytes that sit in the high byte of each 16-bit half of a word
- * (spread2), so one shift and mask convert both.
+ * The pair form works on two bytes each sign-extended to its 16-bit half of a word (spread2):
+ * one shift puts both bytes' exponent and mantissa bits in place and brings the sign copies
+ * along to bit 15, and one mask clears what lies between and below.
  */
 template <typename To, typename Fp8>
 struct Widen;
@@ -76,29 +79,41 @@ struct Widen;
 // f16: 5 exponent bits, bias 15. e4m3 (bias 7) is placed 1 bit lower: value * 2^-8.
 template <>
 struct Widen<half, __nv_fp8_e4m3> {
-  static constexpr uint32_t kShift = 1, kMask = 0x3f80u, kScaleBits = 0x5c00u;  // 2^8
+  static constexpr uint32_t kLeft = 7, kMask = 0xbf80u, kScaleBits = 0x5c00u;  // 2^8
 };
 template <>
 struct Widen<half, __nv_fp8_e5m2> {
-  static constexpr uint32_t kShift = 0, kMask = 0x7f00u, kScaleBits = 0;  // as it stands
+  static constexpr uint32_t kLeft = 8, kMask = 0xff00u, kScaleBits = 0;  // as it stands
 };
 // bf16: 8 exponent bits, bias 127: e4m3 placed 4 bits lower (value * 2^-120), e5m2 3 bits lower
 // (value * 2^-112).
 template <>
 struct Widen<__nv_bfloat16, __nv_fp8_e4m3> {
-  static constexpr uint32_t kShift = 4, kMask = 0x07f0u, kScaleBits = 0x7b80u;  // 2^120
+  static constexpr uint32_t kLeft = 4, kMask = 0x87f0u, kScaleBits = 0x7b80u;  // 2^120
 };
 template <>
 struct Widen<__nv_bfloat16, __nv_fp8_e5m2> {
-  static constexpr uint32_t kShift = 3, kMask = 0x0fe0u, kScaleBits = 0x7780u;  // 2^112
+  static constexpr uint32_t kLeft = 5, kMask = 0x8fe0u, kScaleBits = 0x7780u;  // 2^112
 };
 
-/** Bytes 0 and 1 of `x` (`hi`: bytes 2 and 3) in the high byte of the low and high halves. */
+/** Bytes 0 and 1 of `x` (`hi`: bytes 2 and 3), each sign-extended to 16 bits, in the low and
+ *  high halves. A shift left by kLeft <= 8 moves the low half's sign copies into the high half's
+ *  low bits only, which every kMask clears. */
 __host__ __device__ __forceinline__ uint32_t spread2(uint32_t x, bool hi) {
 #ifdef __CUDA_ARCH__
-  return __byte_perm(x, 0u, hi ? 0x3424u : 0x1404u);  // one PRMT: bytes 4 of the second are 0
+  // prmt's own mode (not __byte_perm, which drops it): a selector nibble of 8 + i is byte i's
+  // sign replicated.
+  uint32_t out;
+  if (hi) {
+    asm("prmt.b32 %0, %1, 0, 0xb3a2;" : "=r"(out) : "r"(x));
+  } else {
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(out) : "r"(x));
+  }
+  return out;
 #else
-  return hi ? ((x >> 8) & 0xff00u) | (x & 0xff000000u) : ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
+  const uint32_t b0 = (x >> (hi ? 16 : 0)) & 0xffu, b1 = (x >> (hi ? 24 : 8)) & 0xffu;
+  const auto extend = [](uint32_t b) { return b | ((b & 0x80u) ? 0xff00u : 0u); };
+  return extend(b0) | (extend(b1) << 16);
 #endif
 }
 
@@ -132,8 +147,7 @@ __host__ __device__ __forceinline__ uint32_t float_to_bits(float x) {
 template <typename To, typename Fp8>
 __host__ __device__ __forceinline__ uint32_t widen2(uint32_t spread) {
   using W = Widen<To, Fp8>;
-  const uint32_t bits =
-      (spread & 0x80008000u) | ((spread >> W::kShift) & (W::kMask | (W::kMask << 16)));
+  const uint32_t bits = (spread << W::kLeft) & (W::kMask | (W::kMask << 16));
   if constexpr (W::kScaleBits == 0) {
     return bits;
   } else {
@@ -159,6 +173,26 @@ __host__ __device__ __forceinline__ uint32_t widen2(uint32_t spread) {
 /** Four fp8 values (byte i = element i) as two packed pairs of `To`: elements 0, 1 and 2, 3. */
 template <typename To, typename Fp8>
 __host__ __device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (std::is_same_v<To, half> && std::is_same_v<Fp8, __nv_fp8_e4m3>) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+    return;
+  }
+#endif
+  if constexpr (std::is_same_v<To, half> && std::is_same_v<Fp8, __nv_fp8_e5m2>) {
+    // The bytes into the high halves as they stand: one byte permutation a pair.
+#ifdef __CUDA_ARCH__
+    lo = __byte_perm(x, 0u, 0x1404u);
+    hi = __byte_perm(x, 0u, 0x3424u);
+#else
+    lo = ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
+    hi = ((x >> 8) & 0xff00u) | (x & 0xff000000u);
+#endif
+    return;
+  }
   lo = widen2<To, Fp8>(spread2(x, false));
   hi = widen2<To, Fp8>(spread2(x, true));
 }

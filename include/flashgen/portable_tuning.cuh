@@ -69,11 +69,11 @@ constexpr int kWarps = 4;
 // at most ~128 KB a block so sm_80 still fits one.
 constexpr int stages(int head_dim) { return head_dim == 64 ? 4 : (head_dim == 128 ? 3 : 2); }
 
-// The same for an fp8 cache: a stage is half the bytes, and each warp adds a 16-bit V tile to
-// widen into, so two more stages at head_dim 64 and 128 and one more at 256 keep a block's
-// shared memory (and the blocks an SM holds) at most the 16-bit ring's, with more tiles in
-// flight. Not yet measured against other depths.
-constexpr int fp8_stages(int head_dim) { return stages(head_dim) + (head_dim == 256 ? 1 : 2); }
+// The same for an fp8 cache: two stages. Its widening makes the kernel issue-bound, not
+// memory-bound, so warps beat depth: at head_dim 128 (128 x 8192, page 16, H200) 2 stages ran
+// 520 us, 3 ran 551 and 4 ran 564 (3 blocks an SM by registers, 4 to 2 by shared memory); at
+// head_dim 64 and 256 the three depths ran within 0.3 %.
+constexpr int fp8_stages(int /*head_dim*/) { return 2; }
 
 // Independent score accumulators a tile: 4 halve the dependent mma chain at head_dim <= 128;
 // head_dim 256 keeps 2 (registers).

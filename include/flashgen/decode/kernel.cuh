@@ -7,7 +7,7 @@
  * in shared memory. The block writes either the final output (one split) or a partial result
  * for merge.cuh (split-KV).
  *
- * An fp8 cache (traits.cuh) is streamed as it is stored and widened to the query's 16-bit type,
+ * An fp8 cache (traits.cuh) is streamed as it is stored and widened to f16 (the products' type),
  * exactly (dtype.cuh): K straight into each lane's fragments (k_fp8_frag), V a tile at a time
  * into shared memory (widen_tile); its k_scale multiplies the transformed query and its v_scale
  * the attention output before OutputTransform (and so every split's partial, which the merge
@@ -149,8 +149,11 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   static_assert(sizeof(DTypeQ) == 2 && (sizeof(DTypeKV) == 2 || is_fp8<DTypeKV>),
                 "16-bit q, 16-bit or fp8 K/V");
   static_assert(kWiden == is_fp8<DTypeKV>, "traits of the cache's element size");
-  // The type of the tensor-core products: the cache's, or the query's for a widened fp8 cache.
-  using DTypeMma = std::conditional_t<kWiden, DTypeQ, DTypeKV>;
+  // The type of the tensor-core products: the cache's, or f16 for a widened fp8 cache whatever
+  // q's type: e4m3 widens to f16 in one instruction a pair on sm_89+ and e5m2 in one on any GPU,
+  // where bf16 takes four (dtype.cuh); the query is brought into f16's range by a power of two
+  // (f16_query_shift) and P is finer in f16 than in bf16.
+  using DTypeMma = std::conditional_t<kWiden, half, DTypeKV>;
   constexpr bool kSoftmax = Variant::use_softmax;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kS = Traits::kStages;
@@ -230,12 +233,17 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
   // flight, so the two latencies overlap.
   uint32_t qf[Traits::kKSteps][2];
   uint32_t qf_lo[Traits::kKSteps][2];
+  float logit_scale = 1.f;  // an fp8 cache: 2^-shift, the inverse of the query's
   {
     const bool valid = group < num_heads;
     const DTypeQ* qh = q + static_cast<int64_t>(valid ? group : 0) * q_stride_h;
     if constexpr (kWiden) {
-      load_query_split<DTypeMma, Traits::kKSteps, DTypeQ, Variant, Params, QueryTimes, true>(
-          qh, valid, pair, variant, params, qf, qf_lo, QueryTimes{params.k_scale});
+      const int shift = f16_query_shift<Traits::kKSteps>(qh, valid, pair, variant, params,
+                                                         params.k_scale);
+      logit_scale = pow2(-shift);
+      load_query_split<DTypeMma, Traits::kKSteps, DTypeQ, Variant, Params, Times, true>(
+          qh, valid, pair, variant, params, qf, qf_lo,
+          Times{params.k_scale * pow2(shift)});
     } else {
       load_query_split<DTypeKV>(qh, valid, pair, variant, params, qf, qf_lo);
     }
@@ -263,7 +271,8 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
           [&](int mt) {
             return widened_addr + (v_row * kFragChunks + ((mt * 2 + v_chunk0) ^ r7)) * 16;
           },
-          tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc);
+          tile_pos(i), end, heads, qf, qf_lo, variant, params, m, dsum, acc,
+          Times{logit_scale});
     } else {
       const uint32_t v_base = k_base + Traits::kTileBytes;
       kv_tile_step<Traits, kSoftmax, DTypeMma>(

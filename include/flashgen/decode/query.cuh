@@ -19,13 +19,16 @@
 namespace flashgen {
 namespace decode {
 
-/** The query as the variant's QueryTransform leaves it (a 16-bit cache). */
-struct QueryAsIs {
+/** A value as it is: the query as the variant's QueryTransform leaves it, the logits as the mma
+ *  leaves them (a 16-bit cache). */
+struct AsIs {
   __device__ __forceinline__ float operator()(float x) const { return x; }
 };
 
-/** The query times an fp8 cache's k_scale: the logits are then those of the scaled K. */
-struct QueryTimes {
+/** A value times a scale: the query times an fp8 cache's k_scale (the logits are then those of
+ *  the scaled K) and the power of two that puts it in f16's range, and the logits times the
+ *  inverse power of two. */
+struct Times {
   float scale;
   __device__ __forceinline__ float operator()(float x) const { return x * scale; }
 };
@@ -49,11 +52,11 @@ __device__ __forceinline__ int query_dim(int ks, int half_k, uint32_t pair) {
 /**
  * Head row `qh` (read only when `valid`; zeros otherwise), dims 2 * pair.. of each of the kKSteps
  * k steps: qf[ks][half_k] holds the hi parts of dim query_dim(ks, half_k, pair) and the next,
- * qf_lo the rest. `scale` maps each transformed value (QueryAsIs, or QueryTimes for an fp8
- * cache); DTypeKV is the 16-bit type of the mma.
+ * qf_lo the rest. `scale` maps each transformed value (AsIs, or Times for an fp8 cache);
+ * DTypeKV is the 16-bit type of the mma.
  */
 template <typename DTypeKV, int kKSteps, typename DTypeQ, typename Variant, typename Params,
-          typename Scale = QueryAsIs, bool kFp8Order = false>
+          typename Scale = AsIs, bool kFp8Order = false>
 __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, uint32_t pair,
                                                  Variant& variant, const Params& params,
                                                  uint32_t (&qf)[kKSteps][2],
@@ -76,6 +79,42 @@ __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, u
     }
   }
 }
+
+/**
+ * The power of two 2^shift that brings the largest |QueryTransform(q) * k_scale| the warp's
+ * lanes read (head rows `qh`, the dims load_query_split<.., true> reads) into [2^14, 2^15): an
+ * fp8 cache's products run in f16, whose range bf16's query may exceed; after the shift the
+ * query's hi part keeps every bit a bf16 query has down to 2^-24 of its largest element, and
+ * the logits come back exactly by 2^-shift. Every lane returns the same shift (clamped to
+ * +-100, so both powers stay normal floats).
+ */
+template <int kKSteps, typename DTypeQ, typename Variant, typename Params>
+__device__ __forceinline__ int f16_query_shift(const DTypeQ* qh, bool valid, uint32_t pair,
+                                               Variant& variant, const Params& params,
+                                               float k_scale) {
+  float mx = 0.f;
+  if (valid) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int half_k = 0; half_k < 2; ++half_k) {
+        const int d = query_dim<true>(ks, half_k, pair);
+        mx = fmaxf(mx, fabsf(hooks::query_transform(variant, params, to_float(qh[d]))));
+        mx = fmaxf(mx, fabsf(hooks::query_transform(variant, params, to_float(qh[d + 1]))));
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  mx *= fabsf(k_scale);
+  if (!(mx > 0.f) || !isfinite(mx)) return 0;
+  int e;
+  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
+  return max(-100, min(100, 15 - e));
+}
+
+/** 2^n exactly, for |n| <= 126. */
+__device__ __forceinline__ float pow2(int n) { return __int_as_float((127 + n) << 23); }
 
 }  // namespace decode
 }  // namespace flashgen

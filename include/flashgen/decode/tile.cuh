@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "flashgen/decode/query.cuh"
 #include "flashgen/decode/softmax.cuh"
 #include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
@@ -43,17 +44,19 @@ __device__ __forceinline__ void load_k_frag(const KFrag& k_frag, int ks, uint32_
  * The tile of tokens [tpos, tpos + 16), of which those below `end` exist.
  * `k_frag(ks)`: the shared-memory address of this lane's ldmatrix_x4 row for k step ks of the K
  * tile (rows = tokens: 16-byte chunks 2 * ks and 2 * ks + 1), or a loader (load_k_frag);
- * `v_frag(mt)`: the same address for dims 16 * mt.. of the V tile (read transposed).
+ * `v_frag(mt)`: the same address for dims 16 * mt.. of the V tile (read transposed);
+ * `logit_scale` maps the products to the logits (Times{2^-shift} undoes f16_query_shift).
  */
 template <typename Traits, bool kSoftmax, typename DTypeKV, typename KFrag, typename VFrag,
-          typename Variant, typename Params>
+          typename Variant, typename Params, typename LogitScale = AsIs>
 __device__ __forceinline__ void kv_tile_step(const KFrag& k_frag, const VFrag& v_frag,
                                              uint32_t tpos, uint32_t end, const WarpHeads& w,
                                              const uint32_t (&qf)[Traits::kKSteps][2],
                                              const uint32_t (&qf_lo)[Traits::kKSteps][2],
                                              Variant& variant, const Params& params,
                                              float (&m)[2], float (&dsum)[2],
-                                             float (&acc)[Traits::kMTiles][4]) {
+                                             float (&acc)[Traits::kMTiles][4],
+                                             const LogitScale& logit_scale = {}) {
   constexpr float kMasked = kSoftmax ? -math::inf : 0.f;
 
   // Independent accumulators (hi / lo query part, alternate k steps): the scores are a chain of
@@ -80,6 +83,7 @@ __device__ __forceinline__ void kv_tile_step(const KFrag& k_frag, const VFrag& v
     s[e] = sc[0][e];
 #pragma unroll
     for (int c = 1; c < kSChains; ++c) s[e] += sc[c][e];
+    s[e] = logit_scale(s[e]);
   }
 
   // s[e]: token group + 8 * (e >> 1), head 2 * pair + (e & 1).

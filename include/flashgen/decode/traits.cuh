@@ -7,9 +7,9 @@
  * 16-token tiles through private cp.async rings, then combine in shared memory.
  *
  * An fp8 cache (ELEM_BYTES_ 1) streams its one-byte tiles through the ring (half the bytes of a
- * 16-bit tile). A lane reads its K fragments from the fp8 stage and widens them in registers
+ * 16-bit tile). A lane reads its K fragments from the fp8 stage and widens them to f16 in registers
  * (16 bytes of one row serve four k steps: ring_chunk's swizzle keeps those reads conflict-free);
- * the warp widens the V tile it is at into a 16-bit tile of its own (`kWidenBytes`, laid out as a
+ * the warp widens the V tile it is at into an f16 tile of its own (`kWidenBytes`, laid out as a
  * 16-bit ring stage), which the mma path reads transposed as it reads the 16-bit ring.
  */
 #pragma once
