@@ -9,9 +9,10 @@ The fp8 instances are not precompiled: the first call of each compiles it (JIT);
 builds every instance it calls first, in parallel. Skips without torch, a CUDA device or torch's
 fp8 dtypes.
 
-Tolerances are test_api_gpu's and test_prefill_gpu's: the widening is exact, so the kernel's
-error is the 16-bit path's (P rounded to q's dtype for P V, the output rounded once; in prefill
-the query times k_scale rounded once, as the 16-bit path rounds the scaled query).
+Tolerances are test_api_gpu's and test_prefill_gpu's: the widening is exact and the products
+run in f16 (finer than bf16; the query carries a power of two that keeps it in f16's range), so
+the kernel's error is at most the 16-bit path's (P rounded for P V, the output rounded once; in
+prefill the query times k_scale rounded once, as the 16-bit path rounds the scaled query).
 """
 
 from __future__ import annotations
@@ -293,9 +294,10 @@ def test_fp8_prefill_split_kv(kind: str, backend: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["paged", "ragged"])
-def test_fp8_prefill_with_unit_scales_is_its_bf16_copys_result(kind: str) -> None:
-    # The portable kernel widens each fp8 tile exactly into the 16-bit tiles its bf16 instance
-    # reads, with the same plan and the same order of sums: the same bits out.
+def test_fp8_prefill_with_unit_scales_matches_its_bf16_copy(kind: str) -> None:
+    # The same call on the fp8 cache and on its exact bf16 copy, on the same (portable) kernel:
+    # the widening is exact, so the two differ only by the products' type (f16 for fp8, whose
+    # query carries a power of two) and the rounding of P.
     gen = torch.Generator(device=DEV).manual_seed(11)
     lens, qo = [33, 700, 4096], [5, 300, 64]
     q = torch.randn(sum(qo), NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -313,8 +315,9 @@ def test_fp8_prefill_with_unit_scales_is_its_bf16_copys_result(kind: str) -> Non
         o8, l8 = flashgen.batch_prefill(q, qo_indptr, k, v, indptr, return_lse=True, backend="portable")
         o16, l16 = flashgen.batch_prefill(q, qo_indptr, k.to(torch.bfloat16), v.to(torch.bfloat16), indptr,
                                           return_lse=True, backend="portable")
-    torch.testing.assert_close(o8, o16, atol=0, rtol=0)
-    torch.testing.assert_close(l8, l16, atol=0, rtol=0)
+    assert_close(o8, o16.float(), "bf16", f"{kind}: fp8 cache vs its bf16 copy")
+    lerr = (l8 - l16).abs().max().item()
+    assert lerr <= 2e-2, f"{kind}: fp8 cache vs its bf16 copy: lse differs by {lerr:.2e}"
 
 
 def test_fp8_prefill_refusals() -> None:

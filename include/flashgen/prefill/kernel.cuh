@@ -12,8 +12,10 @@
  *    written with 16-byte stores; LSE in natural log. Split units write fp32 partials instead.
  *  - An fp8 cache (Fp8PrefillTraits): the ring streams the one-byte tiles as they are stored, and
  *    once its own copies of a tile have landed each thread widens them, exactly (dtype.cuh), into
- *    the 16-bit K or V tile the mma path reads, while the other copies stay in flight. k_scale
- *    multiplies the transformed query, v_scale the output before OutputTransform (and so every
+ *    the f16 K or V tile the mma path reads, while the other copies stay in flight. The products
+ *    run in f16 whatever q's type (f16_query_shift, prefill_io.cuh): each warp stages its query
+ *    times k_scale and a power of two that brings it into f16's range, and multiplies the logits
+ *    by the inverse power. v_scale multiplies the output before OutputTransform (and so every
  *    split's partial, which the merge combines as it is).
  */
 #pragma once
@@ -97,9 +99,10 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   using DTypeO = typename Params::DTypeO;
   constexpr bool kWiden = Traits::kWiden;
   static_assert(std::is_same<DTypeQ, DTypeKV>::value || (kWiden && is_fp8<DTypeKV>),
-                "q and kv share one 16-bit dtype, or kv is an fp8 cache widened to q's");
-  // The type of the tensor-core products: the cache's, or q's for a widened fp8 cache.
-  using DTypeMma = std::conditional_t<kWiden, DTypeQ, DTypeKV>;
+                "q and kv share one 16-bit dtype, or kv is an fp8 cache widened to f16");
+  // The type of the tensor-core products (and of the staged query): the cache's, or f16 for a
+  // widened fp8 cache.
+  using DTypeMma = std::conditional_t<kWiden, half, DTypeKV>;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kChunks = Traits::kChunks;
   constexpr int kMmaQ = Traits::kMmaQ;
@@ -303,12 +306,36 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
   issue(kt_begin, true);
   load_pages(kt_begin + 1);
 
-  // ---- Q: the warp's own rows, RoPE + QueryTransform in fp32, stored in the input dtype.
+  // ---- Q: the warp's own rows, RoPE + QueryTransform in fp32, stored in the input dtype (an
+  // fp8 cache: times k_scale * 2^shift, in f16; the logits are multiplied by logits_unshift).
+  float q_scale = 1.f, logits_unshift = 1.f;
+  (void)q_scale;
+  (void)logits_unshift;
   {
     constexpr int kHalf = kChunks / 2;
     constexpr int kUnits = Traits::kWarpRows * kHalf;
     rope::LlamaRope rp;
     if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
+    if constexpr (kWiden) {
+      // The warp's largest transformed query element (a first pass over its rows), for the
+      // power of two that brings the query times k_scale into f16's range.
+      float mx = 0.f;
+#pragma unroll
+      for (int it = 0; it < kUnits / 32; ++it) {
+        const uint32_t idx = it * 32 + lane;
+        const uint32_t p = p0 + warp_row0 + idx / kHalf;
+        float lo[8], hi[8];
+        load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, int32_t(p / G),
+                                     kv_head * G + p % G, idx % kHalf, rp, lo, hi);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const int shift = f16_query_shift(mx * fabsf(params.k_scale));
+      q_scale = params.k_scale * pow2(shift);
+      logits_unshift = pow2(-shift);
+    }
     // Fully unrolled: all of a lane's 16-byte loads are in flight at once.
 #pragma unroll
     for (int it = 0; it < kUnits / 32; ++it) {
@@ -331,15 +358,15 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
       float lo[8], hi[8];
       load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c, rp, lo, hi);
-      if constexpr (kWiden) {  // the logits of K = k_scale * stored
+      if constexpr (kWiden) {  // the logits of K = k_scale * stored, times 2^shift
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          lo[j] *= params.k_scale;
-          hi[j] *= params.k_scale;
+          lo[j] *= q_scale;
+          hi[j] *= q_scale;
         }
       }
-      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c)) = pack8<DTypeQ>(lo);
-      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c + kHalf)) = pack8<DTypeQ>(hi);
+      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c)) = pack8<DTypeMma>(lo);
+      *reinterpret_cast<uint4*>(q_smem + swz<kChunks>(r, c + kHalf)) = pack8<DTypeMma>(hi);
     }
     __syncwarp();
   }
@@ -436,6 +463,16 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
         for (int mq = 0; mq < kMmaQ; ++mq) {
           ptx::mma_16816<DTypeMma>(s[mq][2 * np], qa[mq], b[0], b[1]);
           ptx::mma_16816<DTypeMma>(s[mq][2 * np + 1], qa[mq], b[2], b[3]);
+        }
+      }
+    }
+    if constexpr (kWiden) {  // the logits of the query before its power of two
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mq][nt][e] *= logits_unshift;
         }
       }
     }
