@@ -31,6 +31,12 @@
  * Batch: the portable prep kernel writes the unit table (with this kernel's tile shapes), then
  * [rope_k] -> hopper prefill -> merge, as prefill/launch.cuh does.
  *
+ * Every entry takes Params whose DTypeKV is an fp8 type (__nv_fp8_e4m3, __nv_fp8_e5m2; the
+ * params carry k_scale and v_scale, params.cuh's KVScales) as well as 16-bit ones: the kernel
+ * widens the cache in shared memory (hopper/prefill/widen.cuh). An fp8 cache needs K/V strides
+ * that are multiples of 16 elements (16-byte rows of the copies) and has no RoPE pre-pass
+ * (pos_encoding none: keys are rotated before they are quantized).
+ *
  * Kernels of a call: [rope_k (RoPE): the portable pre-pass] -> hopper prefill -> [merge (split
  * KV)], the later ones programmatic dependent launches. The workspace holds the rotated keys
  * and the split partials (the portable layout, with this kernel's tile shapes). Tensor maps are
@@ -126,6 +132,24 @@ inline uint32_t grid_ctas(int64_t blocks, const DeviceInfo& dev, bool causal_sin
   return uint32_t(persistent ? persistent_ctas : blocks);
 }
 
+/** An fp8 cache's K/V strides (elements): multiples of 16, so that every copy moves 16-byte
+ *  rows (the tensor maps' and the gather's). */
+template <typename Params, typename... Strides>
+inline int check_fp8_strides(const char* what, const Params&, Strides... strides) {
+  if constexpr (is_fp8<typename Params::DTypeKV>) {
+    const int64_t all[] = {int64_t(strides)...};
+    for (int64_t x : all) {
+      if (x % 16 != 0) {
+        return fail(FLASHGEN_INVALID_ARGUMENT,
+                    "%s: an fp8 K/V cache needs strides that are multiples of 16 elements "
+                    "(got %lld): pass K/V whose rows start 16 bytes apart",
+                    what, static_cast<long long>(x));
+      }
+    }
+  }
+  return FLASHGEN_OK;
+}
+
 inline int check_hopper(const char* what, const DeviceInfo& dev) {
   if (dev.major != 9) {
     return fail(FLASHGEN_INVALID_ARGUMENT,
@@ -166,10 +190,13 @@ int launch_single_prefill(const Params& p, void* ws, int64_t ws_bytes, const Dev
                           cudaStream_t stream) {
   using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
-  static_assert(sizeof(DType) == 2, "16-bit K/V");
   const char* what = "single_prefill (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_single_inputs(what, p)) return st;
+  if (int st = check_fp8_strides(what, p, p.k_stride_n, p.k_stride_h, p.v_stride_n,
+                                 p.v_stride_h)) {
+    return st;
+  }
   if (p.kv_len >= (uint32_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: kv_len must be below 2^31", what);
   }
@@ -334,7 +361,6 @@ int launch_batch(const char* what, const BatchKernelNames& names, const Params& 
                  const DeviceInfo& dev, cudaStream_t stream) {
   using Traits = HopperTraitsFor<HEAD_DIM, POS, Variant, Params>;
   using DType = typename Params::DTypeKV;
-  static_assert(sizeof(DType) == 2, "16-bit K/V");
   BatchWorkspace w;
   if (int st = prepare_batch<Traits, MASK, POS>(what, names.prep, p, total_q, kv_rows, ws,
                                                 ws_bytes, dev, stream, &w)) {
@@ -371,6 +397,10 @@ int launch_batch_prefill_ragged(const Params& p, int64_t total_q, int64_t kv_row
   const char* what = "batch_prefill_ragged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_ragged_inputs(what, p)) return st;
+  if (int st = check_fp8_strides(what, p, p.k_stride_n, p.k_stride_h, p.v_stride_n,
+                                 p.v_stride_h)) {
+    return st;
+  }
   if (kv_rows >= (int64_t{1} << 31)) {  // TMA coordinates are int32
     return fail(FLASHGEN_INVALID_ARGUMENT, "%s: k must have fewer than 2^31 rows", what);
   }
@@ -388,6 +418,10 @@ int launch_batch_prefill_paged(const Params& p, int64_t total_q, int64_t kv_rows
   const char* what = "batch_prefill_paged (sm90)";
   if (int st = check_hopper(what, dev)) return st;
   if (int st = prefill::check_paged_inputs<PAGE_SIZE>(what, p)) return st;
+  if (int st = check_fp8_strides(what, p, p.kv_stride_page, p.kv_stride_kv, p.kv_stride_n,
+                                 p.kv_stride_h)) {
+    return st;
+  }
   constexpr BatchKernelNames kNames{
       "batch_prefill_paged (sm90) prep kernel", "batch_prefill_paged (sm90) rope_k kernel",
       "batch_prefill_paged (sm90) kernel", "batch_prefill_paged (sm90) merge kernel"};

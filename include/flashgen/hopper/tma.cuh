@@ -6,7 +6,9 @@
  *
  * A map's box is 64 elements of head_dim (128 bytes, the widest a 128-byte swizzle allows) x
  * ROWS rows x 1 head; a tile of head_dim D is D / 64 boxes, one per column block. Rows past the
- * tensor's end are zero-filled and still count towards the transaction bytes.
+ * tensor's end are zero-filled and still count towards the transaction bytes. A map of an fp8
+ * tensor (one byte an element) has the same boxes, 64 bytes wide and not swizzled: the staging
+ * ring the prefill kernel widens from (hopper/prefill/widen.cuh) holds them as they land.
  */
 #pragma once
 
@@ -108,20 +110,32 @@ inline int get_encode_tiled(PFN_cuTensorMapEncodeTiled_v12000* fn) {
   return bind_current_context();
 }
 
+/** The element of a K/V tensor map: 16-bit (the copy engine moves bytes, so bf16 stands for f16
+ *  too) swizzled as wgmma reads it, or one byte (an fp8 cache) unswizzled, for the widening. */
+template <typename T>
+struct MapElement {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 1, "16-bit or fp8 K/V");
+  static constexpr CUtensorMapDataType kType =
+      sizeof(T) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  static constexpr CUtensorMapSwizzle kSwizzle =
+      sizeof(T) == 2 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE;
+};
+
 /**
- * Host: encodes `map` of `rank` dimensions (element strides 1, 128-byte swizzle, 256-byte L2
+ * Host: encodes `map` of `rank` dimensions (element strides 1, swizzle `swizzle`, 256-byte L2
  * promotion, no out-of-bounds fill) with cuTensorMapEncodeTiled; a failure's error names the
  * tensor with `tensor` (a printf format) and its arguments.
  */
 template <typename... A>
-inline int encode_tiled(CUtensorMap* map, CUtensorMapDataType dt, cuuint32_t rank,
-                        const void* base, const cuuint64_t* dims, const cuuint64_t* strides,
-                        const cuuint32_t* box, const char* tensor, A... args) {
+inline int encode_tiled(CUtensorMap* map, CUtensorMapDataType dt, CUtensorMapSwizzle swizzle,
+                        cuuint32_t rank, const void* base, const cuuint64_t* dims,
+                        const cuuint64_t* strides, const cuuint32_t* box, const char* tensor,
+                        A... args) {
   PFN_cuTensorMapEncodeTiled_v12000 encode;
   if (int st = get_encode_tiled(&encode)) return st;
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(map, dt, rank, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return FLASHGEN_OK;
   char what[256];
@@ -136,7 +150,7 @@ struct KVMapOrder {
 };
 
 /**
- * Host: map of a 16-bit tensor with `rows` rows and `heads` heads of head_dim elements at
+ * Host: map of a 16-bit or fp8 tensor with `rows` rows and `heads` heads of head_dim elements at
  * `base` (strides in elements; head_dim contiguous), box 64 x box_rows x 1. The two outer
  * dimensions are ordered by stride (smaller first), which covers NHD and HND.
  */
@@ -148,13 +162,11 @@ inline int make_kv_map(CUtensorMap* map, KVMapOrder* order, const T* base, int64
   order->rows_first = rows_first;
   cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(rows_first ? rows : heads),
                         cuuint64_t(rows_first ? heads : rows)};
-  cuuint64_t strides[2] = {cuuint64_t((rows_first ? stride_n : stride_h) * 2),
-                           cuuint64_t((rows_first ? stride_h : stride_n) * 2)};
+  cuuint64_t strides[2] = {cuuint64_t((rows_first ? stride_n : stride_h) * sizeof(T)),
+                           cuuint64_t((rows_first ? stride_h : stride_n) * sizeof(T))};
   cuuint32_t box[3] = {64, cuuint32_t(rows_first ? box_rows : 1), cuuint32_t(rows_first ? 1 : box_rows)};
-  const CUtensorMapDataType dt =
-      sizeof(T) == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-  // bf16 and f16 are both 16-bit: the copy engine moves bytes, the type only sizes elements.
-  return encode_tiled(map, dt, 3, base, dims, strides, box,
+  return encode_tiled(map, MapElement<T>::kType, MapElement<T>::kSwizzle, 3, base, dims, strides,
+                      box,
                       "a K/V tensor of %lld rows, %lld heads, strides %lld/%lld elements",
                       static_cast<long long>(rows), static_cast<long long>(heads),
                       static_cast<long long>(stride_n), static_cast<long long>(stride_h));
@@ -167,9 +179,9 @@ struct PagedMapOrder {
 };
 
 /**
- * Host: 5-D map of a page pool (16-bit): element (d, row in page, head, kv, page) at base +
- * page * stride_page + kv * stride_kv + row * stride_n + head * stride_h + d (strides in
- * elements), box 64 x page_size rows x 1 x 1 x 1, 128-byte swizzle. The pool's page count is
+ * Host: 5-D map of a page pool (16-bit or fp8): element (d, row in page, head, kv, page) at base
+ * + page * stride_page + kv * stride_kv + row * stride_n + head * stride_h + d (strides in
+ * elements), box 64 x page_size rows x 1 x 1 x 1, MapElement's swizzle. The pool's page count is
  * not known to the host: the page extent is 2^31 - 1 (page ids come from kv_indices), and a
  * page coordinate of -1 reads zeros (pages past a request's end).
  */
@@ -187,10 +199,11 @@ inline int make_paged_map(CUtensorMap* map, PagedMapOrder* order, const T* base,
   for (int k = 0; k < 4; ++k) {
     order->at[k] = uint8_t(idx[k]);
     dims[k + 1] = cuuint64_t(ext[idx[k]]);
-    strides[k] = cuuint64_t(str[idx[k]] * 2);
+    strides[k] = cuuint64_t(str[idx[k]] * int64_t(sizeof(T)));
     if (idx[k] == 0) box[k + 1] = cuuint32_t(page_size);
   }
-  return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, base, dims, strides, box,
+  return encode_tiled(map, MapElement<T>::kType, MapElement<T>::kSwizzle, 5, base, dims, strides,
+                      box,
                       "a page pool of page size %lld, %lld heads, strides page/kv/n/h "
                       "%lld/%lld/%lld/%lld elements",
                       static_cast<long long>(page_size), static_cast<long long>(heads),

@@ -12,10 +12,20 @@
  * shape (HopperConfig, tuning.cuh), with head_dim 64 dropping to two consumer warpgroups where the
  * instance carries per-row state (consumer_warpgroups). The kernel, its launch and the
  * workspace query all name that one alias, so they agree on the tile shapes.
+ *
+ * An fp8 cache (KV_BYTES 1): the copies land in a ring of kFp8Stages one-byte tiles ("staging",
+ * laid out as the copies write them: per 64-column block, rows of 64 bytes, no swizzle), and
+ * the producer warpgroup's widening warps (warps 2 and 3) widen each into the 16-bit stages the
+ * consumers' wgmma reads (wgmma has no 16-bit x fp8 form). The copy-issuing warps keep warps 0
+ * and 1 (page size 1: the gather's 64 threads); the producer's registers rise from 24 to 32, the
+ * rest of the CTA's 64K that the consumers leave.
  */
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "flashgen/dtype.cuh"
 
 #include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/traits.cuh"
@@ -24,16 +34,21 @@
 namespace flashgen {
 namespace hopper {
 
-template <int HEAD_DIM_, int CONSUMER_WGS = HopperConfig<HEAD_DIM_>::kConsumerWGs>
-struct HopperTraits {
+/** The shapes of HopperTraits (16-bit K/V) and HopperFp8Traits (KV_BYTES 1: an fp8 cache). */
+template <int HEAD_DIM_, int CONSUMER_WGS, int KV_BYTES>
+struct HopperShape {
+  static_assert(KV_BYTES == 2 || KV_BYTES == 1, "16-bit or fp8 K/V");
   static constexpr int kHeadDim = HEAD_DIM_;
+  static constexpr bool kFp8 = KV_BYTES == 1;  // an fp8 cache, staged and widened
   static constexpr int kConsumerWGs = CONSUMER_WGS;
   static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "2 or 3 consumer warpgroups");
   static constexpr int kTileQ = 64 * kConsumerWGs;  // 64 packed query rows per warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
-  // The CTA's 64K registers: 24 for the producer, the rest to the consumers (multiples of 8).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  // The CTA's 64K registers: 24 for the producer (32 with the widening warps of an fp8 cache),
+  // the rest to the consumers (multiples of 8).
+  static constexpr int kProducerRegs = kFp8 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
   // Named barriers: 1 + cw, warpgroup cw's own; kPingPongBarrier + cw, "cw may issue".
   static constexpr int kPingPongBarrier = 1 + kConsumerWGs;
   static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
@@ -43,9 +58,20 @@ struct HopperTraits {
   static constexpr int kBlocks = kHeadDim / 64;  // 128-byte column blocks per row
   static constexpr int kQBytes = kTileQ * kHeadDim * 2;
   static constexpr int kKVBytes = kTileKV * kHeadDim * 2;
-  static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
-  // 4 barriers per stage + 1 (paged TMA: the tail tile's V, zeroed past kv_len by the producer)
-  static constexpr int kSchedOffset = kBarOffset + 8 * (4 * kStages + 1);
+  // fp8: the staging ring (kFp8Stages K and V tiles of one byte an element) after the stages.
+  static constexpr int kFp8Stages = kFp8 ? HopperConfig<HEAD_DIM_>::kFp8Stages : 0;
+  static constexpr int kFp8TileBytes = kTileKV * kHeadDim;
+  static constexpr int kFp8Offset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kBarOffset = kFp8Offset + 2 * kFp8Stages * kFp8TileBytes;
+  // What the copies fill (producer.cuh): the stages, or the fp8 staging ring; the bytes of one
+  // tile and of one row of a 64-column block there.
+  static constexpr int kLoadStages = kFp8 ? kFp8Stages : kStages;
+  static constexpr int kLoadTileBytes = kFp8 ? kFp8TileBytes : kKVBytes;
+  static constexpr int kLoadRowBytes = 64 * KV_BYTES;
+  // 4 barriers per stage + 1 (paged TMA: the tail tile's V, zeroed past kv_len by the
+  // producer); fp8: + 4 per staging stage and a word (the copies' tile count at their end).
+  static constexpr int kSchedOffset = kBarOffset + 8 * (4 * kStages + 1) +
+                                      (kFp8 ? 8 * (4 * kFp8Stages + 1) : 0);
   // dynamic block order: 2 full + 2 empty barriers, then two slots of a block's plan
   static constexpr int kBlockSlotBytes = 128;
   static constexpr int kVariantOffset = kSchedOffset + 8 * 4 + 2 * kBlockSlotBytes;
@@ -55,7 +81,15 @@ struct HopperTraits {
   static_assert(kHeadDim % 64 == 0, "head_dim is a multiple of 64");
   static_assert(kTileKV % 16 == 0 && kTileKV <= 256, "kv tile: wgmma n and k steps");
   static_assert(kConsumerWGs * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "registers");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA (sm_90: 227 KB)");
 };
+
+/** The traits of a 16-bit K/V instance and of an fp8 one (separate names, not a parameter of
+ *  one template, so that the 16-bit kernels keep their symbols). */
+template <int HEAD_DIM_, int CONSUMER_WGS = HopperConfig<HEAD_DIM_>::kConsumerWGs>
+struct HopperTraits : HopperShape<HEAD_DIM_, CONSUMER_WGS, 2> {};
+template <int HEAD_DIM_, int CONSUMER_WGS = HopperConfig<HEAD_DIM_>::kConsumerWGs>
+struct HopperFp8Traits : HopperShape<HEAD_DIM_, CONSUMER_WGS, 1> {};
 
 /**
  * Consumer warpgroups of one instance. Three warpgroups leave each consumer thread 160
@@ -77,7 +111,9 @@ constexpr int consumer_warpgroups() {
 /** The traits of one instance (kernel, launch and workspace query). */
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
 using HopperTraitsFor =
-    HopperTraits<HEAD_DIM, consumer_warpgroups<HEAD_DIM, POS, Variant, Params>()>;
+    std::conditional_t<is_fp8<typename Params::DTypeKV>,
+                       HopperFp8Traits<HEAD_DIM, consumer_warpgroups<HEAD_DIM, POS, Variant, Params>()>,
+                       HopperTraits<HEAD_DIM, consumer_warpgroups<HEAD_DIM, POS, Variant, Params>()>>;
 
 }  // namespace hopper
 }  // namespace flashgen

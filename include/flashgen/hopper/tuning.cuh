@@ -15,22 +15,25 @@ template <int HEAD_DIM>
 struct HopperConfig;
 // S 64 + O 32 floats per thread; three warpgroups: at head_dim 64 the softmax takes as long as
 // the GEMMs, so two other warpgroups' GEMMs hide each one's softmax. Ping-pong: faster with.
+// kFp8Stages: an fp8 cache's staging ring of one-byte K/V tiles ahead of the 16-bit stages
+// (prefill/storage.cuh): two where they fit in shared memory beside the 16-bit stages.
 template <>
 struct HopperConfig<64> {
-  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = 3;
+  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = 3, kFp8Stages = 2;
   static constexpr bool kPingPong = true;
 };
-// S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape).
+// S 64 + O 64 floats, P 32 registers; 32 KB Q + 2 x 64 KB K/V (FA3's hdim-128 shape); fp8:
+// + 2 x 32 KB of staging (226 KB in all).
 template <>
 struct HopperConfig<128> {
-  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = 2;
+  static constexpr int kTileKV = 128, kStages = 2, kConsumerWGs = 2, kFp8Stages = 2;
   static constexpr bool kPingPong = true;
 };
 // S 32 + O 128 floats; 64 KB Q + 2 x 64 KB K/V. No ping-pong: the GEMMs dominate and the
-// softmax is short.
+// softmax is short. fp8: one 32 KB staging stage (a second would pass the 227 KB limit).
 template <>
 struct HopperConfig<256> {
-  static constexpr int kTileKV = 64, kStages = 2, kConsumerWGs = 2;
+  static constexpr int kTileKV = 64, kStages = 2, kConsumerWGs = 2, kFp8Stages = 1;
   static constexpr bool kPingPong = false;
 };
 

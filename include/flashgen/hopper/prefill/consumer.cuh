@@ -47,8 +47,10 @@ namespace flashgen {
 namespace hopper {
 
 /** Q: the warpgroup's 64 rows of the block (packed row p: token p / G, query head
- *  kv_head * G + p % G), RoPE + QueryTransform in fp32, stored 128-byte-swizzled in the Q
- *  buffer (smem); ctid: the thread within the warpgroup. Ends on the warpgroup's barrier. */
+ *  kv_head * G + p % G), RoPE + QueryTransform in fp32 (an fp8 cache: times its k_scale, so
+ *  that the logits are those of K = k_scale * stored K, as the decode kernels define it),
+ *  stored 128-byte-swizzled in the Q buffer (smem); ctid: the thread within the warpgroup. Ends
+ *  on the warpgroup's barrier. */
 template <typename Traits, bool kRope, typename Variant, typename Params>
 __device__ __forceinline__ void stage_query(const Params& params, Variant& variant, uint8_t* smem,
                                             const prefill::RequestInfo& rq, int32_t qo_len,
@@ -72,6 +74,13 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
     float lo[8], hi[8];
     prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
                                           rp, lo, hi);
+    if constexpr (is_fp8<typename Params::DTypeKV>) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        lo[j] *= params.k_scale;
+        hi[j] *= params.k_scale;
+      }
+    }
     *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = pack8<DTypeQ>(lo);
     *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = pack8<DTypeQ>(hi);
   }
@@ -98,9 +107,11 @@ __device__ __forceinline__ void consume_tiles(
     const int32_t& kt_begin, const int32_t& n_tiles, const int32_t& free_a, const int32_t& free_b,
     const uint32_t& g, float (&o)[Traits::kHeadDim / 2], float (&m)[2], float (&l)[2],
     float (&s)[Traits::kTileKV / 2], uint32_t (&pr)[Traits::kTileKV / 4], float (&scale0)[2]) {
-  using DTypeKV = typename Params::DTypeKV;
-  using Mma = Wgmma<DTypeKV, Traits::kTileKV>;   // S = Q K^T: n = kv tile
-  using MmaPV = Wgmma<DTypeKV, Traits::kHeadDim>;  // O += P V: n = head_dim
+  // The products' type: the cache's, or the query's for a widened fp8 cache.
+  using DTypeMma = std::conditional_t<is_fp8<typename Params::DTypeKV>, typename Params::DTypeQ,
+                                      typename Params::DTypeKV>;
+  using Mma = Wgmma<DTypeMma, Traits::kTileKV>;   // S = Q K^T: n = kv tile
+  using MmaPV = Wgmma<DTypeMma, Traits::kHeadDim>;  // O += P V: n = head_dim
   constexpr int kD = Traits::kHeadDim;
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kTileKV = Traits::kTileKV;
@@ -108,7 +119,9 @@ __device__ __forceinline__ void consume_tiles(
   constexpr int kS = kTileKV / 2;  // S floats per thread
   constexpr int kO = kD / 2;       // O floats per thread
   constexpr bool kSoftmax = Variant::use_softmax;
-  constexpr bool kGather = PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>();
+  // cp.async writes the stages (not with an fp8 cache: the widening warps fence their stores)
+  constexpr bool kGather =
+      PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>() && !Traits::kFp8;
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
   constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
@@ -275,8 +288,8 @@ __device__ __forceinline__ void consume_tiles(
   auto pack_p = [&]() {
 #pragma unroll
     for (int j = 0; j < kS / 4; ++j) {
-      pr[2 * j] = ptx::pack2<DTypeKV>(s[4 * j], s[4 * j + 1]);
-      pr[2 * j + 1] = ptx::pack2<DTypeKV>(s[4 * j + 2], s[4 * j + 3]);
+      pr[2 * j] = ptx::pack2<DTypeMma>(s[4 * j], s[4 * j + 1]);
+      pr[2 * j + 1] = ptx::pack2<DTypeMma>(s[4 * j + 2], s[4 * j + 3]);
     }
   };
 
@@ -360,6 +373,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                              const uint32_t& G, const uint32_t& num_kv_heads,
                                              const uint32_t& tid, const uint32_t& wg) {
   using DTypeKV = typename Params::DTypeKV;
+  // P's type (the products'): the cache's, or the query's for a widened fp8 cache.
+  using DTypeP = std::conditional_t<is_fp8<DTypeKV>, typename Params::DTypeQ, DTypeKV>;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kS = Traits::kTileKV / 2;  // S floats per thread
   constexpr int kO = kD / 2;               // O floats per thread
@@ -374,7 +389,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
   // apart and folded into the row max and the exp2's reference, as the portable kernel does.
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
   constexpr bool kFixedMaxAble =
-      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeKV>();
+      kSoftmax && prefill::fixed_reference_able<Variant, Params, DTypeP>();
   setmaxnreg_inc<Traits::kConsumerRegs>();
   const uint32_t cw = wg - 1;            // consumer warpgroup: rows [64 cw, 64 cw + 64)
   const uint32_t ctid = tid - 128 * wg;  // thread within the warpgroup
@@ -445,6 +460,10 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                            free_a, free_b, g, o, m, l, s, pr, scale0);
 
     g += uint32_t(n_tiles);
+    if constexpr (is_fp8<DTypeKV>) {  // V = v_scale * stored V: the output and the partials
+#pragma unroll
+      for (int i = 0; i < kO; ++i) o[i] *= params.v_scale;
+    }
 
     // ---- epilogue: the row sums; a split unit's partials (epilogue.cuh); else the variant's
     // sink, O / l, OutputTransform, staged in this warpgroup's Q rows, 16-byte stores.

@@ -12,6 +12,13 @@
  * scheduler object, as __forceinline__ functions or built by factory functions elsewhere, the
  * ones that capture anything compiled to different code (include/flashgen/README.md).
  *
+ * An fp8 cache (Params::DTypeKV __nv_fp8_e4m3 / __nv_fp8_e5m2, with the params' k_scale and
+ * v_scale): the copies fill a staging ring of one-byte tiles that the producer's warps 2 and 3
+ * widen, exactly, into the 16-bit stages (widen.cuh says why there); the products run in the
+ * query's type; k_scale multiplies the transformed query (the logits are those of K = k_scale *
+ * stored K) and v_scale the output accumulators before the epilogue (V = v_scale * stored V,
+ * split partials included); the LSE keeps its meaning.
+ *
  * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
  * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook
  * views (prefill/hooks.cuh), base-2 softmax with lazy rescale, natural-log LSE output.
@@ -72,14 +79,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #else
   using DTypeQ = typename Params::DTypeQ;
   using DTypeKV = typename Params::DTypeKV;
-  static_assert(std::is_same<DTypeQ, DTypeKV>::value, "q and kv share one 16-bit dtype");
+  static_assert(std::is_same<DTypeQ, DTypeKV>::value || is_fp8<DTypeKV>,
+                "q and kv share one 16-bit dtype, or kv is an fp8 cache");
+  static_assert(Traits::kFp8 == is_fp8<DTypeKV>, "traits of the cache's element size");
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kTileKV = Traits::kTileKV;
   constexpr bool kRope = POS == prefill::kPosRopeLlama;
   constexpr bool kPaged = PAGE_SIZE > 0;
   constexpr bool kPagedTma = hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kGather = kPaged && !kPagedTma;
-  constexpr uint32_t kFullCount = kGather ? 128u : 1u;  // gather: one arrive per producer thread
+  // gather: one arrive per gathering thread (every producer thread; fp8: warps 0 and 1)
+  constexpr uint32_t kFullCount = kGather ? (Traits::kFp8 ? uint32_t(kFp8GatherThreads) : 128u) : 1u;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -94,6 +104,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto full_v = [&](uint32_t s) { return st.full_v(s); };
   auto empty_k = [&](uint32_t s) { return st.empty_k(s); };
   auto empty_v = [&](uint32_t s) { return st.empty_v(s); };
+  // fp8: the staging ring the copies fill (storage.cuh)
+  auto k8_addr = [&](uint32_t s) { return st.k8_addr(s); };
+  auto v8_addr = [&](uint32_t s) { return st.v8_addr(s); };
+  auto full8_k = [&](uint32_t s) { return st.full8_k(s); };
+  auto full8_v = [&](uint32_t s) { return st.full8_v(s); };
+  auto empty8_k = [&](uint32_t s) { return st.empty8_k(s); };
+  auto empty8_v = [&](uint32_t s) { return st.empty8_v(s); };
 
   // Dynamic order: the scheduler thread publishes each round's planned block in a two-slot ring.
   const uint32_t sched_bar = base + Traits::kSchedOffset;
@@ -180,13 +197,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const StageRefs<decltype(k_addr), decltype(v_addr), decltype(full_k), decltype(full_v),
                   decltype(empty_k), decltype(empty_v)>
       sg{k_addr, v_addr, full_k, full_v, empty_k, empty_v};
+  const StageRefs<decltype(k8_addr), decltype(v8_addr), decltype(full8_k), decltype(full8_v),
+                  decltype(empty8_k), decltype(empty8_v)>
+      sg8{k8_addr, v8_addr, full8_k, full8_v, empty8_k, empty8_v};
   if (wg == 0) {
     // Producer warpgroup: the K/V copies (dense: thread 0; paged page 16: warp 0; page size 1:
-    // the 128 threads) and, in the dynamic order, the scheduler (thread 32).
-    run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(params, maps, order_k, order_v, porder, rope_k,
-                                                     smem, base, st, num_blocks, block_counter,
-                                                     ring, block_of, plan, next_block, sched_full,
-                                                     sched_empty, sg, tid);
+    // the 128 threads) and, in the dynamic order, the scheduler (thread 32); fp8: the copies
+    // fill the staging ring and warps 2 and 3 widen it into the stages.
+    if constexpr (Traits::kFp8) {
+      run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(
+          params, maps, order_k, order_v, porder, rope_k, smem, base, st, num_blocks,
+          block_counter, ring, block_of, plan, next_block, sched_full, sched_empty, sg, sg8, tid);
+    } else {
+      run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(
+          params, maps, order_k, order_v, porder, rope_k, smem, base, st, num_blocks,
+          block_counter, ring, block_of, plan, next_block, sched_full, sched_empty, sg, sg, tid);
+    }
     return;
   }
 

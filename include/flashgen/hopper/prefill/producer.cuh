@@ -11,8 +11,12 @@
  *  - other page sizes (1): the 128 threads gather rows with 16-byte cp.async into the same
  *    swizzled layout, each arriving on the stage's full barrier when its copies land.
  *
+ * With an fp8 cache the same copies fill the staging ring instead (one-byte tiles, rows of 64
+ * bytes per column block; the gather with warps 0 and 1), and warps 2 and 3 widen them into the
+ * stages (widen.cuh): `sg` names what the copies fill, the Traits' kLoad* constants its shape.
+ *
  * run_producer dispatches the warpgroup's threads to one of them (and the dynamic order's
- * scheduler thread to run_scheduler). The loops take the scheduler's closures (block_of, plan,
+ * scheduler thread to run_scheduler, the widening warps to run_widener). The loops take the scheduler's closures (block_of, plan,
  * next_block) and the stages' (StageRefs) from the kernel (kernel.cuh), which keeps the SASS of
  * the single-body kernel.
  */
@@ -30,6 +34,7 @@
 #include "flashgen/hopper/wgmma.cuh"
 #include "flashgen/hopper/prefill/scheduler.cuh"
 #include "flashgen/hopper/prefill/storage.cuh"
+#include "flashgen/hopper/prefill/widen.cuh"
 
 namespace flashgen {
 namespace hopper {
@@ -65,14 +70,15 @@ struct StageRefs {
 
 /** Contiguous K/V (single, ragged), one thread: per tile, wait for the stage's buffers to be
  *  free and issue one 3-D box per 64-column block of K, then of V. next_block: the scheduler's
- *  (the kernel's closure). */
+ *  (the kernel's closure). Returns the tiles loaded. */
 template <typename Traits, bool kDynamic, typename Params, typename NextBlock, typename Stages>
-__device__ __forceinline__ void load_dense(const Params& params, const KVTensorMaps& maps,
+__device__ __forceinline__ uint32_t load_dense(const Params& params, const KVTensorMaps& maps,
                                            const KVMapOrder& order_k, const KVMapOrder& order_v,
                                            uint32_t num_blocks, NextBlock& next_block,
                                            const Stages& sg) {
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
+  constexpr int kStages = Traits::kLoadStages;
+  constexpr int kRowBytes = Traits::kLoadRowBytes;
   uint32_t g = 0;  // tiles loaded so far by this CTA: stage g % kStages, use g / kStages
   for (uint32_t round = 0; kDynamic || round * gridDim.x < num_blocks; ++round) {
     HopperBlock b;
@@ -90,19 +96,22 @@ __device__ __forceinline__ void load_dense(const Params& params, const KVTensorM
       const int32_t v1 = order_v.rows_first ? row : int32_t(kv_head);
       const int32_t v2 = order_v.rows_first ? int32_t(kv_head) : row;
       mbar_wait(sg.empty_k(s), ph ^ 1u);
-      mbar_arrive_expect_tx(sg.full_k(s), Traits::kKVBytes);
+      mbar_arrive_expect_tx(sg.full_k(s), Traits::kLoadTileBytes);
 #pragma unroll
       for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-        tma_load_3d(sg.k_addr(s) + cb * kTileKV * 128, &maps.k, sg.full_k(s), cb * 64, k1, k2);
+        tma_load_3d(sg.k_addr(s) + cb * kTileKV * kRowBytes, &maps.k, sg.full_k(s), cb * 64, k1,
+                    k2);
       }
       mbar_wait(sg.empty_v(s), ph ^ 1u);
-      mbar_arrive_expect_tx(sg.full_v(s), Traits::kKVBytes);
+      mbar_arrive_expect_tx(sg.full_v(s), Traits::kLoadTileBytes);
 #pragma unroll
       for (int cb = 0; cb < Traits::kBlocks; ++cb) {
-        tma_load_3d(sg.v_addr(s) + cb * kTileKV * 128, &maps.v, sg.full_v(s), cb * 64, v1, v2);
+        tma_load_3d(sg.v_addr(s) + cb * kTileKV * kRowBytes, &maps.v, sg.full_v(s), cb * 64, v1,
+                    v2);
       }
     }
   }
+  return g;
 }
 
 /** Paged K/V by TMA, warp 0 (`lane`): lane l owns box l of a tile (page l / kBlocks of the tile,
@@ -110,17 +119,19 @@ __device__ __forceinline__ void load_dense(const Params& params, const KVTensorM
  *  issues its own TMA, so a tile's 8-16 boxes leave in one warp instruction instead of one
  *  thread's loop, and the page-table load is off the copy path. maps.k: the page pool's 5-D map
  *  (`porder`); maps.v (RoPE): the rotated keys. Rows of the last page past kv_len are zeroed.
- *  block_of, plan: the scheduler's (the kernel's closures). */
+ *  block_of, plan: the scheduler's (the kernel's closures). Returns the tiles loaded. */
 template <typename Traits, int PAGE_SIZE, bool kRope, typename Params, typename BlockOf,
           typename Plan, typename Stages>
-__device__ __forceinline__ void load_paged_tma(const Params& params, uint8_t* smem, uint32_t base,
+__device__ __forceinline__ uint32_t load_paged_tma(const Params& params, uint8_t* smem, uint32_t base,
                                                uint32_t tail_bar, const KVTensorMaps& maps,
                                                const KVMapOrder& order_v,
                                                const PagedMapOrder& porder, uint32_t num_blocks,
                                                BlockOf& block_of, Plan& plan, const Stages& sg,
                                                uint32_t tid) {
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
+  constexpr int kStages = Traits::kLoadStages;
+  constexpr int kRowBytes = Traits::kLoadRowBytes;
+  constexpr int kRowChunks = kRowBytes / 16;  // 16-byte chunks of a row of a column block
   constexpr int kPages = kTileKV / PAGE_SIZE;  // pages per kv tile
   constexpr int kBoxes = kPages * Traits::kBlocks;
   static_assert(kBoxes <= 32, "one box per lane of the issuing warp");
@@ -129,7 +140,7 @@ __device__ __forceinline__ void load_paged_tma(const Params& params, uint8_t* sm
   const int32_t box_page = int32_t(lane) / Traits::kBlocks;
   const int32_t box_cb = int32_t(lane) % Traits::kBlocks;
   const uint32_t box_off =
-      uint32_t(box_cb) * kTileKV * 128 + uint32_t(box_page) * PAGE_SIZE * 128;
+      uint32_t(box_cb) * kTileKV * kRowBytes + uint32_t(box_page) * PAGE_SIZE * kRowBytes;
   uint32_t g = 0, tail_ph = 0;
   // coordinate of map dimension k + 1 from the logical (row in page, head, kv, page)
   auto coord = [&](int k, int32_t head, int32_t kv, int32_t pg) -> int32_t {
@@ -163,7 +174,7 @@ __device__ __forceinline__ void load_paged_tma(const Params& params, uint8_t* sm
         }
       };
       mbar_wait(sg.empty_k(s), ph ^ 1u);
-      if (lane == 0) mbar_arrive_expect_tx(sg.full_k(s), Traits::kKVBytes);
+      if (lane == 0) mbar_arrive_expect_tx(sg.full_k(s), Traits::kLoadTileBytes);
       __syncwarp();
       if constexpr (kRope) {
         // rotated keys: the dense workspace rows, as ragged
@@ -171,7 +182,7 @@ __device__ __forceinline__ void load_paged_tma(const Params& params, uint8_t* sm
         const int32_t k1 = order_v.rows_first ? row : head;
         const int32_t k2 = order_v.rows_first ? head : row;
         if (lane < uint32_t(Traits::kBlocks)) {
-          tma_load_3d(sg.k_addr(s) + lane * kTileKV * 128, &maps.v, sg.full_k(s),
+          tma_load_3d(sg.k_addr(s) + lane * kTileKV * kRowBytes, &maps.v, sg.full_k(s),
                       int32_t(lane) * 64, k1, k2);
         }
       } else {
@@ -183,46 +194,63 @@ __device__ __forceinline__ void load_paged_tma(const Params& params, uint8_t* sm
       const int32_t z_lo = b.kv_len - t0;
       const int32_t z_hi = min(kTileKV, n_pages * PAGE_SIZE - t0);
       if (z_lo < z_hi) {
-        if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kKVBytes);
+        if (lane == 0) mbar_arrive_expect_tx(tail_bar, Traits::kLoadTileBytes);
         __syncwarp();
         load(sg.v_addr(s), tail_bar, 1);
         mbar_wait(tail_bar, tail_ph);
         tail_ph ^= 1u;
         uint8_t* vs = smem + (sg.v_addr(s) - base);
-        const int32_t n = (z_hi - z_lo) * Traits::kBlocks * 8;  // 16-byte chunks
+        const int32_t n = (z_hi - z_lo) * Traits::kBlocks * kRowChunks;  // 16-byte chunks
         for (int32_t i = int32_t(lane); i < n; i += 32) {
-          const int32_t cb = i / ((z_hi - z_lo) * 8), rem = i % ((z_hi - z_lo) * 8);
-          *reinterpret_cast<uint4*>(vs + cb * kTileKV * 128 + (z_lo + rem / 8) * 128 +
-                                    (rem % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+          const int32_t cb = i / ((z_hi - z_lo) * kRowChunks);
+          const int32_t rem = i % ((z_hi - z_lo) * kRowChunks);
+          *reinterpret_cast<uint4*>(vs + cb * kTileKV * kRowBytes +
+                                    (z_lo + rem / kRowChunks) * kRowBytes +
+                                    (rem % kRowChunks) * 16) = make_uint4(0u, 0u, 0u, 0u);
         }
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbar_arrive(sg.full_v(s));
       } else {
-        if (lane == 0) mbar_arrive_expect_tx(sg.full_v(s), Traits::kKVBytes);
+        if (lane == 0) mbar_arrive_expect_tx(sg.full_v(s), Traits::kLoadTileBytes);
         __syncwarp();
         load(sg.v_addr(s), sg.full_v(s), 1);
       }
     }
   }
+  return g;
 }
 
-/** Paged K/V gathered by the 128 producer threads with 16-byte cp.async into the swizzled
- *  layout, each thread arriving on the stage's full barrier when its copies land; with RoPE, K
- *  from the rotated copy `rope_k`. block_of, plan: the scheduler's (the kernel's closures). */
+/** Where 16-byte chunk c of row r of a tile goes in what the copies fill: the 128-byte swizzle
+ *  of the stages, or the staging ring's rows of 64 bytes per column block (fp8). */
+template <typename Traits>
+__device__ __forceinline__ uint32_t load_chunk_offset(uint32_t r, uint32_t c) {
+  if constexpr (Traits::kFp8) {
+    return (c / 4) * (Traits::kTileKV * 64) + r * 64 + (c % 4) * 16;
+  } else {
+    return sw128<Traits::kTileKV>(r, c);
+  }
+}
+
+/** Paged K/V gathered by the 128 producer threads (fp8: the 64 of warps 0 and 1) with 16-byte
+ *  cp.async into the swizzled layout (fp8: the staging ring's), each thread arriving on the
+ *  stage's full barrier when its copies land; with RoPE, K from the rotated copy `rope_k`.
+ *  block_of, plan: the scheduler's (the kernel's closures). Returns the tiles loaded. */
 template <typename Traits, int PAGE_SIZE, bool kRope, typename Params, typename BlockOf,
           typename Plan, typename Stages>
-__device__ __forceinline__ void load_gather(const Params& params,
-                                            const typename Params::DTypeKV* rope_k,
-                                            uint32_t num_blocks, BlockOf& block_of, Plan& plan,
-                                            const Stages& sg, uint32_t tid) {
+__device__ __forceinline__ uint32_t load_gather(const Params& params,
+                                                const typename Params::DTypeKV* rope_k,
+                                                uint32_t num_blocks, BlockOf& block_of,
+                                                Plan& plan, const Stages& sg, uint32_t tid) {
   using DTypeKV = typename Params::DTypeKV;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kStages = Traits::kStages;
+  constexpr int kStages = Traits::kLoadStages;
   // Thread t copies 16-byte chunk t % kChunks of rows t / kChunks + kRowStep * i.
-  constexpr uint32_t kChunks = kD / 8;
-  constexpr uint32_t kRowStep = 128 / kChunks;
+  constexpr uint32_t kElems = 16 / sizeof(DTypeKV);  // elements of a 16-byte chunk
+  constexpr uint32_t kChunks = kD / kElems;
+  constexpr uint32_t kThreads = Traits::kFp8 ? kFp8GatherThreads : 128;
+  constexpr uint32_t kRowStep = kThreads / kChunks;
   constexpr int kPasses = kTileKV / int(kRowStep);
   static_assert(kTileKV % kRowStep == 0, "kv tile rows per pass");
   const uint32_t c = tid % kChunks, r0 = tid / kChunks;
@@ -243,8 +271,8 @@ __device__ __forceinline__ void load_gather(const Params& params,
         const bool ok = pos < b.kv_len;
         const DTypeKV* row = src.k_row(ok && !kRope ? src.page(uint32_t(pos)) : 0,
                                        ok ? uint32_t(pos) : 0u);
-        ptx::cp_async_16(sg.k_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                         ok ? 16u : 0u);
+        ptx::cp_async_16(sg.k_addr(s) + load_chunk_offset<Traits>(r0 + i * kRowStep, c),
+                         row + c * kElems, ok ? 16u : 0u);
       }
       mbar_cp_async_arrive(sg.full_k(s));
       mbar_wait(sg.empty_v(s), ph ^ 1u);
@@ -254,30 +282,33 @@ __device__ __forceinline__ void load_gather(const Params& params,
         const bool ok = pos < b.kv_len;
         const DTypeKV* row = src.v_row(ok ? src.page(uint32_t(pos)) : 0,
                                        ok ? uint32_t(pos) : 0u);
-        ptx::cp_async_16(sg.v_addr(s) + sw128<kTileKV>(r0 + i * kRowStep, c), row + c * 8,
-                         ok ? 16u : 0u);
+        ptx::cp_async_16(sg.v_addr(s) + load_chunk_offset<Traits>(r0 + i * kRowStep, c),
+                         row + c * kElems, ok ? 16u : 0u);
       }
       mbar_cp_async_arrive(sg.full_v(s));
     }
   }
+  return g;
 }
 
 /** The producer warpgroup's role (warpgroup 0, its registers cut to kProducerRegs): in the
  *  dynamic order thread 32 is the scheduler thread (scheduler.cuh); the copies are issued by
- *  warp 0 (paged TMA), the 128 threads (gather) or thread 0 (dense TMA), and the other threads
- *  return at once. st: the CTA's storage (the paged tail barrier); ring, block_of, plan,
- *  next_block, sched_full, sched_empty: the scheduler's (the kernel's closures); sg: the
- *  stages'. */
+ *  warp 0 (paged TMA), the 128 threads (gather; fp8: warps 0 and 1) or thread 0 (dense TMA),
+ *  and the other threads return at once, except with an fp8 cache warps 2 and 3, which widen
+ *  the staged tiles (widen.cuh). st: the CTA's storage (the paged tail barrier, the staging
+ *  ring); ring, block_of, plan, next_block, sched_full, sched_empty: the scheduler's (the
+ *  kernel's closures); sg: the stages'; sl: what the copies fill (sg, or the staging ring's
+ *  closures with an fp8 cache). */
 template <typename Traits, int PAGE_SIZE, bool kRope, bool kDynamic, typename Params,
           typename Storage, typename BlockOf, typename Plan, typename NextBlock,
-          typename SchedFull, typename SchedEmpty, typename Stages>
+          typename SchedFull, typename SchedEmpty, typename Stages, typename LoadStages>
 __device__ __forceinline__ void run_producer(
     const Params& params, const KVTensorMaps& maps, const KVMapOrder& order_k,
     const KVMapOrder& order_v, const PagedMapOrder& porder,
     const typename Params::DTypeKV* rope_k, uint8_t* smem, uint32_t base, const Storage& st,
     uint32_t num_blocks, uint32_t* block_counter, BlockSlot* ring, BlockOf& block_of, Plan& plan,
     NextBlock& next_block, SchedFull& sched_full, SchedEmpty& sched_empty, const Stages& sg,
-    uint32_t tid) {
+    const LoadStages& sl, uint32_t tid) {
   constexpr bool kPagedTma = hopper_paged_tma<Traits::kTileKV, PAGE_SIZE>();
   constexpr bool kGather = PAGE_SIZE > 0 && !kPagedTma;
   setmaxnreg_dec<Traits::kProducerRegs>();
@@ -287,18 +318,36 @@ __device__ __forceinline__ void run_producer(
       return;
     }
   }
+  if constexpr (Traits::kFp8) {
+    static_assert(!kRope, "an fp8 cache has no RoPE pre-pass: keys are rotated before caching");
+    if (tid >= 32 * (4 - kWidenWarps)) {
+      run_widener<Traits, typename Params::DTypeQ, typename Params::DTypeKV>(
+          st, sg, tid - 32 * (4 - kWidenWarps));
+      return;
+    }
+  }
   if constexpr (kPagedTma) {
     if (tid < 32) {
-      load_paged_tma<Traits, PAGE_SIZE, kRope>(params, smem, base, st.tail_v(), maps, order_v,
-                                               porder, num_blocks, block_of, plan, sg, tid);
+      const uint32_t tiles = load_paged_tma<Traits, PAGE_SIZE, kRope>(
+          params, smem, base, st.tail_v(), maps, order_v, porder, num_blocks, block_of, plan, sl,
+          tid);
+      if constexpr (Traits::kFp8) {
+        if (tid == 0) end_loads<Traits>(st, tiles);
+      }
     }
     return;
   } else if constexpr (kGather) {
-    load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks, block_of, plan, sg, tid);
+    if (!Traits::kFp8 || tid < kFp8GatherThreads) {
+      const uint32_t tiles = load_gather<Traits, PAGE_SIZE, kRope>(params, rope_k, num_blocks,
+                                                                   block_of, plan, sl, tid);
+      if constexpr (Traits::kFp8) end_loads<Traits>(st, tiles);
+    }
     return;
   }
   if (tid == 0) {
-    load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sg);
+    const uint32_t tiles =
+        load_dense<Traits, kDynamic>(params, maps, order_k, order_v, num_blocks, next_block, sl);
+    if constexpr (Traits::kFp8) end_loads<Traits>(st, tiles);
   }
 }
 

@@ -4,6 +4,11 @@
  * offsets are HopperTraits', traits.cuh) and the 128-byte swizzle every tile in it uses. Each
  * stage s has four barriers: full_k / full_v (the producer's copies landed) and empty_k /
  * empty_v (every consumer warp is done with the buffer).
+ *
+ * An fp8 cache adds the staging ring (traits.cuh): stage s of it has full8_k / full8_v (the
+ * copies landed) and empty8_k / empty8_v (the widening warps have read it); the 16-bit stage is
+ * then "full" once the widening warps have written it (an arrive per widening warp), and the
+ * copies' end word tells the widening warps how many tiles there were (widen.cuh).
  */
 #pragma once
 
@@ -30,6 +35,11 @@ __host__ __device__ constexpr bool hopper_paged_tma() {
   return PAGE_SIZE > 0 && PAGE_SIZE % 8 == 0 && TILE_KV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
 }
 
+/** fp8: the producer warps that widen the staged tiles (warps 2 and 3 of warpgroup 0) and the
+ *  threads that gather page-size-1 K/V into the staging ring (warps 0 and 1). */
+constexpr int kWidenWarps = 2;
+constexpr int kFp8GatherThreads = 64;
+
 template <typename Traits>
 struct PrefillStorage {
   static constexpr int kStages = Traits::kStages;
@@ -54,6 +64,29 @@ struct PrefillStorage {
   }
   /** Paged TMA: the tail tile's V, zeroed past kv_len by the producer before it is published. */
   __device__ __forceinline__ uint32_t tail_v() const { return bar() + 8 * 4 * kStages; }
+  /** fp8: staging stage s (one-byte tiles) and its barriers, after the 16-bit stages'. */
+  static constexpr int kFp8Stages = Traits::kFp8Stages;
+  __device__ __forceinline__ uint32_t k8_addr(uint32_t s) const {
+    return base + Traits::kFp8Offset + s * Traits::kFp8TileBytes;
+  }
+  __device__ __forceinline__ uint32_t v8_addr(uint32_t s) const {
+    return base + Traits::kFp8Offset + (kFp8Stages + s) * Traits::kFp8TileBytes;
+  }
+  __device__ __forceinline__ uint32_t bar8() const { return tail_v() + 8; }
+  __device__ __forceinline__ uint32_t full8_k(uint32_t s) const { return bar8() + 8 * s; }
+  __device__ __forceinline__ uint32_t full8_v(uint32_t s) const {
+    return bar8() + 8 * (kFp8Stages + s);
+  }
+  __device__ __forceinline__ uint32_t empty8_k(uint32_t s) const {
+    return bar8() + 8 * (2 * kFp8Stages + s);
+  }
+  __device__ __forceinline__ uint32_t empty8_v(uint32_t s) const {
+    return bar8() + 8 * (3 * kFp8Stages + s);
+  }
+  /** fp8: the tiles the copies loaded in all, written once they are done (widen.cuh). */
+  __device__ __forceinline__ volatile uint32_t* load_end() const {
+    return reinterpret_cast<volatile uint32_t*>(smem + (bar8() + 8 * 4 * kFp8Stages - base));
+  }
   /** The block scheduler's ring: two full and two empty barriers, then two slots. */
   __device__ __forceinline__ uint32_t sched_full(uint32_t k) const {
     return base + Traits::kSchedOffset + 8 * k;
@@ -64,15 +97,28 @@ struct PrefillStorage {
   __device__ __forceinline__ uint8_t* ring() const { return smem + Traits::kSchedOffset + 32; }
   __device__ __forceinline__ uint8_t* variant_smem() const { return smem + Traits::kVariantOffset; }
 
-  /** One thread: every barrier. full_count: arrivals that publish a stage (1, the thread that
-   *  issues its copies and expects their bytes; 128 for the gather, one per producer thread). */
+  /** One thread: every barrier. full_count: arrivals that publish what the copies fill (1, the
+   *  thread that issues its copies and expects their bytes; one per gathering thread): the
+   *  stages, or with an fp8 cache the staging ring, whose 16-bit stages are published by the
+   *  widening warps (one arrive each). */
   __device__ __forceinline__ void init_barriers(uint32_t full_count) const {
+    const uint32_t stage_full = Traits::kFp8 ? uint32_t(kWidenWarps) : full_count;
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), full_count);
-      mbar_init(full_v(s), full_count);
+      mbar_init(full_k(s), stage_full);
+      mbar_init(full_v(s), stage_full);
       mbar_init(empty_k(s), Traits::kConsumerWarps);
       mbar_init(empty_v(s), Traits::kConsumerWarps);
+    }
+    if constexpr (Traits::kFp8) {
+#pragma unroll
+      for (int s = 0; s < kFp8Stages; ++s) {
+        mbar_init(full8_k(s), full_count);
+        mbar_init(full8_v(s), full_count);
+        mbar_init(empty8_k(s), kWidenWarps);
+        mbar_init(empty8_v(s), kWidenWarps);
+      }
+      *load_end() = ~0u;
     }
     mbar_init(tail_v(), 1);
     mbar_init(sched_full(0), 1);

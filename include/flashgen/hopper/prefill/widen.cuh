@@ -1,0 +1,136 @@
+/**
+ * @brief The widening warps of the sm90 prefill kernel over an fp8 KV cache: warps 2 and 3 of
+ * the producer warpgroup turn each staged one-byte K or V tile (storage.cuh's staging ring, as
+ * the copies wrote it) into the 16-bit, 128-byte-swizzled tile the consumers' wgmma reads, in
+ * the order the copies filled the ring.
+ *
+ * Who widens, and why these warps: wgmma reads K and V from shared memory as 16-bit values
+ * only, so every element is widened once per CTA before its first wgmma. The consumer
+ * warpgroups are the critical path (their GEMMs and softmax already fill the tensor cores and
+ * the issue slots of their warps), so widening there would lengthen every tile; the
+ * copy-issuing threads must stay free to issue the next tile's copies (one thread, or one warp,
+ * or the gather's page lookups). Warps 2 and 3 of the producer warpgroup issued nothing: they
+ * widen tile g while the copies of tile g + 1 fly and the consumers run tile g - 1, so the ring
+ * stays as full as with a 16-bit cache as long as a tile's widening (about 40 instructions per
+ * 16 bytes over 64 threads; benches/NOTES-hopper.md) is shorter than a tile's GEMMs.
+ *
+ * The warps follow the tiles, not the blocks: tile g sits in staging stage g % kFp8Stages and
+ * goes to 16-bit stage g % kStages, exactly the consumers' count, so they need no block plan.
+ * After the copies' last tile, the copies write their tile count (load_end) and arrive on the
+ * next staging stage's full8_k barrier instead of loading it: a widening warp that finds that
+ * stage full and g equal to the count stops.
+ *
+ * Barriers of tile g: wait full8 (the bytes landed) and the 16-bit stage's empty (the
+ * consumers' wgmma of its previous use are done); widen; a proxy fence (generic stores, read
+ * by wgmma, the async proxy); each warp arrives on the 16-bit full barrier (init count 2) and on
+ * the staging empty barrier (init count 2), which frees the staging stage for the copies.
+ */
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_fp8.h>
+
+#include "flashgen/dtype.cuh"
+#include "flashgen/hopper/mbarrier.cuh"
+#include "flashgen/hopper/wgmma.cuh"
+#include "flashgen/hopper/prefill/storage.cuh"
+
+namespace flashgen {
+namespace hopper {
+
+/**
+ * Four fp8 values (byte i = element i) as two packed pairs of `To`: elements 0, 1 and 2, 3;
+ * exact. e4m3 to f16 takes the hardware conversion (one F2FP per pair, every e4m3 value is an
+ * f16 value); the other pairs of types take dtype.cuh's bit-exact widening, which is as short
+ * there as the hardware one followed by f16 -> bf16 (SASS instruction counts in
+ * benches/NOTES-hopper.md).
+ */
+template <typename To, typename Fp8>
+__device__ __forceinline__ void widen4_sm90(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  if constexpr (std::is_same_v<To, half> && std::is_same_v<Fp8, __nv_fp8_e4m3>) {
+    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\n"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+  } else {
+    fp8::widen4<To, Fp8>(x, lo, hi);
+  }
+}
+
+/**
+ * One staged tile (src, the staging stage's shared address) widened into a 16-bit stage (dst):
+ * 16-byte unit i of the staging tile is column block cb = i / (4 kTileKV), row r = (i / 4) %
+ * kTileKV, 16-column chunk q = i % 4 of it, and becomes chunks 2q and 2q + 1 of row r of the
+ * 16-bit tile's column block cb (sw128's layout). wtid: the thread among the 64 widening ones;
+ * consecutive threads read consecutive 16 bytes and a store phase's 8 threads (rows r, r + 1,
+ * q = 0..3) hit 8 distinct 16-byte bank groups of the swizzle.
+ */
+template <typename Traits, typename To, typename Fp8>
+__device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uint32_t wtid) {
+  constexpr int kTileKV = Traits::kTileKV;
+  constexpr int kUnits = Traits::kFp8TileBytes / 16;
+  constexpr int kThreads = 32 * kWidenWarps;
+  static_assert(kUnits % kThreads == 0, "whole units per widening thread");
+#pragma unroll 1
+  for (int j = 0; j < kUnits / kThreads; ++j) {
+    const uint32_t i = uint32_t(j * kThreads) + wtid;
+    const uint4 x = *reinterpret_cast<const uint4*>(src + i * 16);
+    const uint32_t cb = i / (4 * kTileKV), r = (i / 4) % kTileKV, q = i % 4;
+    uint4 y0, y1;
+    widen4_sm90<To, Fp8>(x.x, y0.x, y0.y);
+    widen4_sm90<To, Fp8>(x.y, y0.z, y0.w);
+    widen4_sm90<To, Fp8>(x.z, y1.x, y1.y);
+    widen4_sm90<To, Fp8>(x.w, y1.z, y1.w);
+    *reinterpret_cast<uint4*>(dst + sw128<kTileKV>(r, 8 * cb + 2 * q)) = y0;
+    *reinterpret_cast<uint4*>(dst + sw128<kTileKV>(r, 8 * cb + 2 * q + 1)) = y1;
+  }
+}
+
+/** The widening warps' role (warps 2 and 3 of the producer warpgroup; wtid 0..63): every tile
+ *  the copies stage, K then V, until the copies' end (the file comment). st: the CTA's storage;
+ *  sg: the 16-bit stages' closures (the kernel's); To: the query's 16-bit type. */
+template <typename Traits, typename To, typename Fp8, typename Storage, typename Stages>
+__device__ __forceinline__ void run_widener(const Storage& st, const Stages& sg, uint32_t wtid) {
+  constexpr int kStages = Traits::kStages;
+  constexpr int kFp8Stages = Traits::kFp8Stages;
+  const uint32_t lane = wtid % 32;
+  // staging tile src (freed: its empty barrier) into 16-bit stage dst (full: its full barrier)
+  auto widen = [&](uint32_t src, uint32_t freed, uint32_t dst, uint32_t full) {
+    widen_tile<Traits, To, Fp8>(st.smem + (src - st.base), st.smem + (dst - st.base), wtid);
+    fence_proxy_async();  // generic stores, read by wgmma (the async proxy)
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(full);
+      mbar_arrive(freed);
+    }
+  };
+  for (uint32_t g = 0;; ++g) {
+    const uint32_t s8 = g % kFp8Stages, ph8 = (g / kFp8Stages) & 1u;
+    const uint32_t s = g % kStages, ph = (g / kStages) & 1u;
+    mbar_wait(st.full8_k(s8), ph8);
+    if (*st.load_end() == g) break;  // the copies' end, not a tile
+    mbar_wait(sg.empty_k(s), ph ^ 1u);
+    widen(st.k8_addr(s8), st.empty8_k(s8), sg.k_addr(s), sg.full_k(s));
+    mbar_wait(st.full8_v(s8), ph8);
+    mbar_wait(sg.empty_v(s), ph ^ 1u);
+    widen(st.v8_addr(s8), st.empty8_v(s8), sg.v_addr(s), sg.full_v(s));
+  }
+}
+
+/** The copies' end (fp8), called by each thread that counts as an arrival of a full8 barrier
+ *  (its init count): `tiles` loaded in all; once the next staging stage is free (as for a load:
+ *  a phase of full8_k may not complete twice before the widening warps wait on it), its full8_k
+ *  completes without bytes, and the widening warps read the count. */
+template <typename Traits, typename Storage>
+__device__ __forceinline__ void end_loads(const Storage& st, uint32_t tiles) {
+  constexpr uint32_t kFp8Stages = Traits::kFp8Stages;
+  const uint32_t s8 = tiles % kFp8Stages;
+  mbar_wait(st.empty8_k(s8), ((tiles / kFp8Stages) & 1u) ^ 1u);
+  *st.load_end() = tiles;
+  mbar_arrive(st.full8_k(s8));
+}
+
+}  // namespace hopper
+}  // namespace flashgen
