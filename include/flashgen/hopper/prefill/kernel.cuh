@@ -13,7 +13,7 @@
  * ones that capture anything compiled to different code (include/flashgen/README.md).
  *
  * An fp8 cache (Params::DTypeKV __nv_fp8_e4m3 / __nv_fp8_e5m2, with the params' k_scale and
- * v_scale): the copies fill a staging ring of one-byte tiles that the producer's warps 2 and 3
+ * v_scale): the copies fill a staging ring of one-byte tiles that the producer's idle warps
  * widen, exactly, into the 16-bit stages (widen.cuh says why there); the products run in the
  * query's type; k_scale multiplies the transformed query (the logits are those of K = k_scale *
  * stored K) and v_scale the output accumulators before the epilogue (V = v_scale * stored V,
@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr bool kPagedTma = hopper_paged_tma<kTileKV, PAGE_SIZE>();
   constexpr bool kGather = kPaged && !kPagedTma;
   // gather: one arrive per gathering thread (every producer thread; fp8: warps 0 and 1)
-  constexpr uint32_t kFullCount = kGather ? (Traits::kFp8 ? uint32_t(kFp8GatherThreads) : 128u) : 1u;
+  constexpr uint32_t kFullCount =
+      kGather ? (Traits::kFp8 ? uint32_t(kFp8GatherThreads) : 128u) : 1u;
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = ptx::smem_addr(smem_raw);
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const uint32_t tid = threadIdx.x;
   const uint32_t wg = tid / 128;
-  if (tid == 0) st.init_barriers(kFullCount);
+  if (tid == 0) st.init_barriers(kFullCount, hopper_widen_warps<kTileKV, PAGE_SIZE>());
   if (!kGather && tid == 32) {
     tma_prefetch_map(&maps.k);
     tma_prefetch_map(&maps.v);
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (wg == 0) {
     // Producer warpgroup: the K/V copies (dense: thread 0; paged page 16: warp 0; page size 1:
     // the 128 threads) and, in the dynamic order, the scheduler (thread 32); fp8: the copies
-    // fill the staging ring and warps 2 and 3 widen it into the stages.
+    // fill the staging ring and the idle warps widen it into the stages.
     if constexpr (Traits::kFp8) {
       run_producer<Traits, PAGE_SIZE, kRope, kDynamic>(
           params, maps, order_k, order_v, porder, rope_k, smem, base, st, num_blocks,

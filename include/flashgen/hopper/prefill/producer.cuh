@@ -12,13 +12,14 @@
  *    swizzled layout, each arriving on the stage's full barrier when its copies land.
  *
  * With an fp8 cache the same copies fill the staging ring instead (one-byte tiles, rows of 64
- * bytes per column block; the gather with warps 0 and 1), and warps 2 and 3 widen them into the
- * stages (widen.cuh): `sg` names what the copies fill, the Traits' kLoad* constants its shape.
+ * bytes per column block; the gather with warps 0 and 1), and the last two or three warps widen
+ * them into the stages (widen.cuh): `sl` names what the copies fill, the Traits' kLoad*
+ * constants its shape.
  *
  * run_producer dispatches the warpgroup's threads to one of them (and the dynamic order's
- * scheduler thread to run_scheduler, the widening warps to run_widener). The loops take the scheduler's closures (block_of, plan,
- * next_block) and the stages' (StageRefs) from the kernel (kernel.cuh), which keeps the SASS of
- * the single-body kernel.
+ * scheduler thread to run_scheduler, the widening warps to run_widener). The loops take the
+ * scheduler's closures (block_of, plan, next_block) and the stages' (StageRefs) from the kernel
+ * (kernel.cuh), which keeps the SASS of the single-body kernel.
  */
 #pragma once
 
@@ -122,12 +123,13 @@ __device__ __forceinline__ uint32_t load_dense(const Params& params, const KVTen
  *  block_of, plan: the scheduler's (the kernel's closures). Returns the tiles loaded. */
 template <typename Traits, int PAGE_SIZE, bool kRope, typename Params, typename BlockOf,
           typename Plan, typename Stages>
-__device__ __forceinline__ uint32_t load_paged_tma(const Params& params, uint8_t* smem, uint32_t base,
-                                               uint32_t tail_bar, const KVTensorMaps& maps,
-                                               const KVMapOrder& order_v,
-                                               const PagedMapOrder& porder, uint32_t num_blocks,
-                                               BlockOf& block_of, Plan& plan, const Stages& sg,
-                                               uint32_t tid) {
+__device__ __forceinline__ uint32_t load_paged_tma(const Params& params, uint8_t* smem,
+                                                   uint32_t base, uint32_t tail_bar,
+                                                   const KVTensorMaps& maps,
+                                                   const KVMapOrder& order_v,
+                                                   const PagedMapOrder& porder,
+                                                   uint32_t num_blocks, BlockOf& block_of,
+                                                   Plan& plan, const Stages& sg, uint32_t tid) {
   constexpr int kTileKV = Traits::kTileKV;
   constexpr int kStages = Traits::kLoadStages;
   constexpr int kRowBytes = Traits::kLoadRowBytes;
@@ -294,11 +296,11 @@ __device__ __forceinline__ uint32_t load_gather(const Params& params,
 /** The producer warpgroup's role (warpgroup 0, its registers cut to kProducerRegs): in the
  *  dynamic order thread 32 is the scheduler thread (scheduler.cuh); the copies are issued by
  *  warp 0 (paged TMA), the 128 threads (gather; fp8: warps 0 and 1) or thread 0 (dense TMA),
- *  and the other threads return at once, except with an fp8 cache warps 2 and 3, which widen
- *  the staged tiles (widen.cuh). st: the CTA's storage (the paged tail barrier, the staging
- *  ring); ring, block_of, plan, next_block, sched_full, sched_empty: the scheduler's (the
- *  kernel's closures); sg: the stages'; sl: what the copies fill (sg, or the staging ring's
- *  closures with an fp8 cache). */
+ *  and the other threads return at once, except with an fp8 cache the last two or three warps,
+ *  which widen the staged tiles (widen.cuh, storage.cuh's hopper_widen_warps). st: the CTA's
+ *  storage (the paged tail barrier, the staging ring); ring, block_of, plan, next_block,
+ *  sched_full, sched_empty: the scheduler's (the kernel's closures); sg: the stages'; sl: what
+ *  the copies fill (sg, or the staging ring's closures with an fp8 cache). */
 template <typename Traits, int PAGE_SIZE, bool kRope, bool kDynamic, typename Params,
           typename Storage, typename BlockOf, typename Plan, typename NextBlock,
           typename SchedFull, typename SchedEmpty, typename Stages, typename LoadStages>
@@ -320,8 +322,9 @@ __device__ __forceinline__ void run_producer(
   }
   if constexpr (Traits::kFp8) {
     static_assert(!kRope, "an fp8 cache has no RoPE pre-pass: keys are rotated before caching");
+    constexpr int kWidenWarps = hopper_widen_warps<Traits::kTileKV, PAGE_SIZE>();
     if (tid >= 32 * (4 - kWidenWarps)) {
-      run_widener<Traits, typename Params::DTypeQ, typename Params::DTypeKV>(
+      run_widener<Traits, kWidenWarps, typename Params::DTypeQ, typename Params::DTypeKV>(
           st, sg, tid - 32 * (4 - kWidenWarps));
       return;
     }

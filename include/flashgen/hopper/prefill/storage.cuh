@@ -35,10 +35,17 @@ __host__ __device__ constexpr bool hopper_paged_tma() {
   return PAGE_SIZE > 0 && PAGE_SIZE % 8 == 0 && TILE_KV % (PAGE_SIZE > 0 ? PAGE_SIZE : 1) == 0;
 }
 
-/** fp8: the producer warps that widen the staged tiles (warps 2 and 3 of warpgroup 0) and the
- *  threads that gather page-size-1 K/V into the staging ring (warps 0 and 1). */
-constexpr int kWidenWarps = 2;
+/** fp8: the threads that gather page-size-1 K/V into the staging ring (warps 0 and 1). */
 constexpr int kFp8GatherThreads = 64;
+
+/** fp8: the producer warps that widen the staged tiles, the last ones of warpgroup 0: those that
+ *  issue no copies and schedule nothing. Paged TMA copies are issued by warp 0 alone, which
+ *  leaves warps 1 to 3; the gather takes warps 0 and 1 and the dense copies warp 0 and, in the
+ *  dynamic order, the scheduler thread of warp 1, which leaves warps 2 and 3. */
+template <int TILE_KV, int PAGE_SIZE>
+__host__ __device__ constexpr int hopper_widen_warps() {
+  return hopper_paged_tma<TILE_KV, PAGE_SIZE>() ? 3 : 2;
+}
 
 template <typename Traits>
 struct PrefillStorage {
@@ -100,9 +107,9 @@ struct PrefillStorage {
   /** One thread: every barrier. full_count: arrivals that publish what the copies fill (1, the
    *  thread that issues its copies and expects their bytes; one per gathering thread): the
    *  stages, or with an fp8 cache the staging ring, whose 16-bit stages are published by the
-   *  widening warps (one arrive each). */
-  __device__ __forceinline__ void init_barriers(uint32_t full_count) const {
-    const uint32_t stage_full = Traits::kFp8 ? uint32_t(kWidenWarps) : full_count;
+   *  widen_warps widening warps (one arrive each). */
+  __device__ __forceinline__ void init_barriers(uint32_t full_count, uint32_t widen_warps) const {
+    const uint32_t stage_full = Traits::kFp8 ? widen_warps : full_count;
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k(s), stage_full);
@@ -115,8 +122,8 @@ struct PrefillStorage {
       for (int s = 0; s < kFp8Stages; ++s) {
         mbar_init(full8_k(s), full_count);
         mbar_init(full8_v(s), full_count);
-        mbar_init(empty8_k(s), kWidenWarps);
-        mbar_init(empty8_v(s), kWidenWarps);
+        mbar_init(empty8_k(s), widen_warps);
+        mbar_init(empty8_v(s), widen_warps);
       }
       *load_end() = ~0u;
     }

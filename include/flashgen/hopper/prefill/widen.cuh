@@ -1,18 +1,19 @@
 /**
- * @brief The widening warps of the sm90 prefill kernel over an fp8 KV cache: warps 2 and 3 of
- * the producer warpgroup turn each staged one-byte K or V tile (storage.cuh's staging ring, as
- * the copies wrote it) into the 16-bit, 128-byte-swizzled tile the consumers' wgmma reads, in
- * the order the copies filled the ring.
+ * @brief The widening warps of the sm90 prefill kernel over an fp8 KV cache: the last two or
+ * three warps of the producer warpgroup (storage.cuh's hopper_widen_warps) turn each staged
+ * one-byte K or V tile (storage.cuh's staging ring, as the copies wrote it) into the 16-bit,
+ * 128-byte-swizzled tile the consumers' wgmma reads, in the order the copies filled the ring.
  *
  * Who widens, and why these warps: wgmma reads K and V from shared memory as 16-bit values
  * only, so every element is widened once per CTA before its first wgmma. The consumer
  * warpgroups are the critical path (their GEMMs and softmax already fill the tensor cores and
  * the issue slots of their warps), so widening there would lengthen every tile; the
  * copy-issuing threads must stay free to issue the next tile's copies (one thread, or one warp,
- * or the gather's page lookups). Warps 2 and 3 of the producer warpgroup issued nothing: they
- * widen tile g while the copies of tile g + 1 fly and the consumers run tile g - 1, so the ring
- * stays as full as with a 16-bit cache as long as a tile's widening (about 40 instructions per
- * 16 bytes over 64 threads; benches/NOTES-hopper.md) is shorter than a tile's GEMMs.
+ * or the gather's page lookups). The producer warps that issue nothing (warps 2 and 3; also
+ * warp 1 where the copies are paged TMA boxes from warp 0) widen tile g while the copies of
+ * tile g + 1 fly and the consumers run tile g - 1, each on its own SM sub-partition, so the
+ * ring stays as full as with a 16-bit cache as long as a tile's widening (about 40
+ * instructions per 16 bytes; benches/NOTES-hopper.md) is shorter than a tile's GEMMs.
  *
  * The warps follow the tiles, not the blocks: tile g sits in staging stage g % kFp8Stages and
  * goes to 16-bit stage g % kStages, exactly the consumers' count, so they need no block plan.
@@ -22,8 +23,9 @@
  *
  * Barriers of tile g: wait full8 (the bytes landed) and the 16-bit stage's empty (the
  * consumers' wgmma of its previous use are done); widen; a proxy fence (generic stores, read
- * by wgmma, the async proxy); each warp arrives on the 16-bit full barrier (init count 2) and on
- * the staging empty barrier (init count 2), which frees the staging stage for the copies.
+ * by wgmma, the async proxy); each warp arrives on the 16-bit full barrier and on the staging
+ * empty barrier (init counts: the widening warps), which frees the staging stage for the
+ * copies.
  */
 #pragma once
 
@@ -60,23 +62,26 @@ __device__ __forceinline__ void widen4_sm90(uint32_t x, uint32_t& lo, uint32_t& 
 }
 
 /**
- * One staged tile (src, the staging stage's shared address) widened into a 16-bit stage (dst):
+ * One staged tile (src, the staging stage's shared address) widened into a 16-bit stage (dst)
+ * by the 32 WARPS widening threads (wtid: the thread among them):
  * 16-byte unit i of the staging tile is column block cb = i / (4 kTileKV), row r = (i / 4) %
  * kTileKV, 16-column chunk q = i % 4 of it, and becomes chunks 2q and 2q + 1 of row r of the
- * 16-bit tile's column block cb (sw128's layout). wtid: the thread among the 64 widening ones;
- * consecutive threads read consecutive 16 bytes and a store phase's 8 threads (rows r, r + 1,
- * q = 0..3) hit 8 distinct 16-byte bank groups of the swizzle.
+ * 16-bit tile's column block cb (sw128's layout). Consecutive threads read consecutive 16 bytes
+ * and a store phase's 8 threads (rows r, r + 1, q = 0..3) hit 8 distinct 16-byte bank groups of
+ * the swizzle.
  */
-template <typename Traits, typename To, typename Fp8>
+template <typename Traits, int WARPS, typename To, typename Fp8>
 __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uint32_t wtid) {
   constexpr int kTileKV = Traits::kTileKV;
-  constexpr int kUnits = Traits::kFp8TileBytes / 16;
-  constexpr int kThreads = 32 * kWidenWarps;
-  static_assert(kUnits % kThreads == 0, "whole units per widening thread");
+  constexpr uint32_t kUnits = Traits::kFp8TileBytes / 16;
+  constexpr uint32_t kThreads = 32 * WARPS;
+  // Software-pipelined by one unit: the next unit's load is in flight while this one widens
+  // (an unrolled loop's second copy of the index math spills the producer's 32 registers).
+  uint4 next = *reinterpret_cast<const uint4*>(src + wtid * 16);
 #pragma unroll 1
-  for (int j = 0; j < kUnits / kThreads; ++j) {
-    const uint32_t i = uint32_t(j * kThreads) + wtid;
-    const uint4 x = *reinterpret_cast<const uint4*>(src + i * 16);
+  for (uint32_t i = wtid; i < kUnits; i += kThreads) {
+    const uint4 x = next;
+    if (i + kThreads < kUnits) next = *reinterpret_cast<const uint4*>(src + (i + kThreads) * 16);
     const uint32_t cb = i / (4 * kTileKV), r = (i / 4) % kTileKV, q = i % 4;
     uint4 y0, y1;
     widen4_sm90<To, Fp8>(x.x, y0.x, y0.y);
@@ -88,17 +93,20 @@ __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uin
   }
 }
 
-/** The widening warps' role (warps 2 and 3 of the producer warpgroup; wtid 0..63): every tile
- *  the copies stage, K then V, until the copies' end (the file comment). st: the CTA's storage;
- *  sg: the 16-bit stages' closures (the kernel's); To: the query's 16-bit type. */
-template <typename Traits, typename To, typename Fp8, typename Storage, typename Stages>
+/** The widening warps' role (the last WARPS warps of the producer warpgroup; wtid: the thread
+ *  among them): every tile the copies stage, K then V, until the copies' end (the file
+ *  comment). st: the CTA's storage; sg: the 16-bit stages' closures (the kernel's); To: the
+ *  query's 16-bit type. */
+template <typename Traits, int WARPS, typename To, typename Fp8, typename Storage,
+          typename Stages>
 __device__ __forceinline__ void run_widener(const Storage& st, const Stages& sg, uint32_t wtid) {
   constexpr int kStages = Traits::kStages;
   constexpr int kFp8Stages = Traits::kFp8Stages;
   const uint32_t lane = wtid % 32;
   // staging tile src (freed: its empty barrier) into 16-bit stage dst (full: its full barrier)
   auto widen = [&](uint32_t src, uint32_t freed, uint32_t dst, uint32_t full) {
-    widen_tile<Traits, To, Fp8>(st.smem + (src - st.base), st.smem + (dst - st.base), wtid);
+    widen_tile<Traits, WARPS, To, Fp8>(st.smem + (src - st.base), st.smem + (dst - st.base),
+                                       wtid);
     fence_proxy_async();  // generic stores, read by wgmma (the async proxy)
     __syncwarp();
     if (lane == 0) {
