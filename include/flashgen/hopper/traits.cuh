@@ -46,10 +46,16 @@ struct HopperShape {
   static constexpr int kTileQ = 64 * kConsumerWGs;  // 64 packed query rows per warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
-  // The CTA's 64K registers: 24 for the producer (32 with the widening warps of an fp8 cache),
-  // the rest to the consumers (multiples of 8).
-  static constexpr int kProducerRegs = kFp8 ? 32 : 24;
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  // The CTA's registers, what its launch gave it (kLaunchRegs a thread: 168 with two consumer
+  // warpgroups, 128 with three) split by setmaxnreg: 24 for the producer, the rest to the
+  // consumers (multiples of 8). With an fp8 cache the widening warps take 32 (at 24 they spill)
+  // where the consumers can spare it: 8 of two warpgroups' 240 at head_dim 64 and 128, the 1024
+  // that three warpgroups leave free; at head_dim 256 the consumers spill at 232, so the
+  // producer keeps 24.
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = kFp8 && (kConsumerWGs == 3 || kHeadDim < 256) ? 32 : 24;
+  static constexpr int kConsumerRegs =
+      kConsumerWGs == 2 ? (kProducerRegs == 32 ? 232 : 240) : 160;
   // Named barriers: 1 + cw, warpgroup cw's own; kPingPongBarrier + cw, "cw may issue".
   static constexpr int kPingPongBarrier = 1 + kConsumerWGs;
   static constexpr int kMinCtas = 1;  // one CTA per SM (the split plan reads this)
@@ -81,7 +87,9 @@ struct HopperShape {
   static constexpr int kSmemBytes = 1024 + kVariantOffset + kVariantSmemBytes;
   static_assert(kHeadDim % 64 == 0, "head_dim is a multiple of 64");
   static_assert(kTileKV % 16 == 0 && kTileKV <= 256, "kv tile: wgmma n and k steps");
-  static_assert(kConsumerWGs * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "registers");
+  static_assert(kConsumerWGs * 128 * kConsumerRegs + 128 * kProducerRegs <= kLaunchRegs * kThreads,
+                "setmaxnreg: the split must fit the registers of the launch (an increase that does "
+                "not waits forever)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA (sm_90: 227 KB)");
 };
 
