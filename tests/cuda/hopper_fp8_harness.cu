@@ -40,14 +40,6 @@ static float dequantize(float x, float scale) {
   return scale * float(quantize<Fp8>(x, scale));
 }
 
-/** The fp8 params of a batch kind: K/V of Fp8 with q's dtype for q and o. */
-template <Kind K, typename T, typename Fp8>
-struct Fp8ParamsOf;
-template <typename T, typename Fp8>
-struct Fp8ParamsOf<kRagged, T, Fp8> { using type = BatchPrefillRaggedParams<T, Fp8, T>; };
-template <typename T, typename Fp8>
-struct Fp8ParamsOf<kPaged, T, Fp8> { using type = BatchPrefillPagedParams<T, Fp8, T>; };
-
 /** The fields every batch kind shares, from the 16-bit params p: the variant's parameters, q, o,
  *  lse, the indptrs and RoPE offsets, the strides of q and o, the sizes and scales. */
 template <typename P8, typename P16>
@@ -114,7 +106,7 @@ template <Kind K, typename T, typename Fp8, int D, int MASK, template <class> cl
 static void run_fp8(const Spec& s, float k_scale, float v_scale) {
   using Prob = Problem<K, T, D, PAGE>;
   using P16 = typename Prob::Params;
-  using P8 = typename Fp8ParamsOf<K, T, Fp8>::type;
+  using P8 = typename ParamsOf<K, T, PAGE, Fp8>::type;
   using Variant8 = VariantT<P8>;
   DeviceInfo dev;
   if (current_device(&dev)) { std::fprintf(stderr, "device query failed\n"); std::exit(1); }
@@ -210,7 +202,7 @@ __global__ void fill_fp8_bytes(uint8_t* p, int64_t n, uint32_t seed) {
  *  (k_scale 0.5, v_scale 2). */
 static void bench_paged_fp8() {
   constexpr int D = 128, PAGE = 16;
-  using P8 = BatchPrefillPagedParams<bf16, e4m3, bf16>;
+  using P8 = ParamsOf<kPaged, bf16, PAGE, e4m3>::type;
   std::vector<int> lens;
   for (int i = 0; i < 16; ++i) lens.push_back(512 + (4096 - 512) * i / 15);
   DeviceInfo dev;

@@ -338,14 +338,15 @@ static void set_kv(Params& P, T* k, T* v, int64_t stride_n, int64_t stride_h) {
   P.k_stride_h = P.v_stride_h = stride_h;
 }
 
-template <Kind K, typename T, int PAGE = 1>
+/** The params of kind K with q and o of T and K/V of KV (T, or an fp8 type). */
+template <Kind K, typename T, int PAGE = 1, typename KV = T>
 struct ParamsOf;
-template <typename T, int P>
-struct ParamsOf<kSingle, T, P> { using type = SinglePrefillParams<T, T, T>; };
-template <typename T, int P>
-struct ParamsOf<kRagged, T, P> { using type = BatchPrefillRaggedParams<T, T, T>; };
-template <typename T, int P>
-struct ParamsOf<kPaged, T, P> { using type = BatchPrefillPagedParams<T, T, T>; };
+template <typename T, int P, typename KV>
+struct ParamsOf<kSingle, T, P, KV> { using type = SinglePrefillParams<T, KV, T>; };
+template <typename T, int P, typename KV>
+struct ParamsOf<kRagged, T, P, KV> { using type = BatchPrefillRaggedParams<T, KV, T>; };
+template <typename T, int P, typename KV>
+struct ParamsOf<kPaged, T, P, KV> { using type = BatchPrefillPagedParams<T, KV, T>; };
 
 /** Everything one case needs on the device; rebuilt for new lengths (graph replay). */
 template <Kind K, typename T, int D, int PAGE>
