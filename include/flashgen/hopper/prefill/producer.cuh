@@ -74,9 +74,9 @@ struct StageRefs {
  *  (the kernel's closure). Returns the tiles loaded. */
 template <typename Traits, bool kDynamic, typename Params, typename NextBlock, typename Stages>
 __device__ __forceinline__ uint32_t load_dense(const Params& params, const KVTensorMaps& maps,
-                                           const KVMapOrder& order_k, const KVMapOrder& order_v,
-                                           uint32_t num_blocks, NextBlock& next_block,
-                                           const Stages& sg) {
+                                               const KVMapOrder& order_k,
+                                               const KVMapOrder& order_v, uint32_t num_blocks,
+                                               NextBlock& next_block, const Stages& sg) {
   constexpr int kTileKV = Traits::kTileKV;
   constexpr int kStages = Traits::kLoadStages;
   constexpr int kRowBytes = Traits::kLoadRowBytes;

@@ -62,34 +62,40 @@ __device__ __forceinline__ void widen4_sm90(uint32_t x, uint32_t& lo, uint32_t& 
 }
 
 /**
- * One staged tile (src, the staging stage's shared address) widened into a 16-bit stage (dst)
- * by the 32 WARPS widening threads (wtid: the thread among them):
- * 16-byte unit i of the staging tile is column block cb = i / (4 kTileKV), row r = (i / 4) %
- * kTileKV, 16-column chunk q = i % 4 of it, and becomes chunks 2q and 2q + 1 of row r of the
- * 16-bit tile's column block cb (sw128's layout). Consecutive threads read consecutive 16 bytes
- * and a store phase's 8 threads (rows r, r + 1, q = 0..3) hit 8 distinct 16-byte bank groups of
- * the swizzle.
+ * One staged tile (src) widened into a 16-bit stage (dst) by the 32 WARPS widening threads
+ * (wtid: the thread among them). 16-byte unit i of the staging tile is row R = i / 4 of its
+ * column-block-major rows (column block R / kTileKV, row R % kTileKV) and 16-column chunk
+ * q = i % 4 of it; it becomes chunks 2q and 2q + 1 of row R of the 16-bit tile, which sw128
+ * puts at R * 128 + (((2q or 2q + 1) ^ (R % 8)) << 4). A thread's units are kThreads apart, its
+ * rows kThreads / 4 apart, a multiple of 8: q and R % 8, so the two chunk offsets, are the same
+ * for all of them, and the source and destination advance by constants (no index math in the
+ * loop). Consecutive threads read consecutive 16 bytes, and a store phase's 8 threads (rows R,
+ * R + 1, q = 0..3) hit 8 distinct 16-byte bank groups of the swizzle.
  */
 template <typename Traits, int WARPS, typename To, typename Fp8>
 __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uint32_t wtid) {
-  constexpr int kTileKV = Traits::kTileKV;
   constexpr uint32_t kUnits = Traits::kFp8TileBytes / 16;
   constexpr uint32_t kThreads = 32 * WARPS;
-  // Software-pipelined by one unit: the next unit's load is in flight while this one widens
-  // (an unrolled loop's second copy of the index math spills the producer's 32 registers).
-  uint4 next = *reinterpret_cast<const uint4*>(src + wtid * 16);
+  static_assert((kThreads / 4) % 8 == 0, "a thread's rows keep one phase of the swizzle");
+  const uint32_t q = wtid % 4, phase = (wtid / 4) % 8;
+  const uint32_t lo_off = ((2 * q) ^ phase) << 4, hi_off = ((2 * q + 1) ^ phase) << 4;
+  src += wtid * 16;
+  dst += (wtid / 4) * 128;
+  // Software-pipelined by one unit: the next unit's load is in flight while this one widens.
+  uint4 next = *reinterpret_cast<const uint4*>(src);
 #pragma unroll 1
   for (uint32_t i = wtid; i < kUnits; i += kThreads) {
     const uint4 x = next;
-    if (i + kThreads < kUnits) next = *reinterpret_cast<const uint4*>(src + (i + kThreads) * 16);
-    const uint32_t cb = i / (4 * kTileKV), r = (i / 4) % kTileKV, q = i % 4;
+    if (i + kThreads < kUnits) next = *reinterpret_cast<const uint4*>(src + kThreads * 16);
     uint4 y0, y1;
     widen4_sm90<To, Fp8>(x.x, y0.x, y0.y);
     widen4_sm90<To, Fp8>(x.y, y0.z, y0.w);
     widen4_sm90<To, Fp8>(x.z, y1.x, y1.y);
     widen4_sm90<To, Fp8>(x.w, y1.z, y1.w);
-    *reinterpret_cast<uint4*>(dst + sw128<kTileKV>(r, 8 * cb + 2 * q)) = y0;
-    *reinterpret_cast<uint4*>(dst + sw128<kTileKV>(r, 8 * cb + 2 * q + 1)) = y1;
+    *reinterpret_cast<uint4*>(dst + lo_off) = y0;
+    *reinterpret_cast<uint4*>(dst + hi_off) = y1;
+    src += kThreads * 16;
+    dst += kThreads / 4 * 128;
   }
 }
 
