@@ -12,8 +12,10 @@
  * or the gather's page lookups). The producer warps that issue nothing (warps 2 and 3; also
  * warp 1 where the copies are paged TMA boxes from warp 0) widen tile g while the copies of
  * tile g + 1 fly and the consumers run tile g - 1, each on its own SM sub-partition, so the
- * ring stays as full as with a 16-bit cache as long as a tile's widening (about 40
- * instructions per 16 bytes; benches/NOTES-hopper.md) is shorter than a tile's GEMMs.
+ * ring stays as full as with a 16-bit cache as long as a tile's widening is shorter than a
+ * tile's GEMMs. The conversion is dtype.cuh's fp8::widen4, exact: on sm_90 e4m3 -> f16 is the
+ * hardware's, e5m2 -> f16 a byte permutation, and -> bf16 four instructions a pair (the counts
+ * per 16 bytes are in benches/NOTES-hopper.md).
  *
  * The warps follow the tiles, not the blocks: tile g sits in staging stage g % kFp8Stages and
  * goes to 16-bit stage g % kStages, exactly the consumers' count, so they need no block plan.
@@ -30,9 +32,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
-
-#include <cuda_fp8.h>
 
 #include "flashgen/dtype.cuh"
 #include "flashgen/hopper/mbarrier.cuh"
@@ -41,25 +40,6 @@
 
 namespace flashgen {
 namespace hopper {
-
-/**
- * Four fp8 values (byte i = element i) as two packed pairs of `To`: elements 0, 1 and 2, 3;
- * exact. e4m3 to f16 takes the hardware conversion (one F2FP per pair, every e4m3 value is an
- * f16 value); the other pairs of types take dtype.cuh's bit-exact widening, which is as short
- * there as the hardware one followed by f16 -> bf16 (SASS instruction counts in
- * benches/NOTES-hopper.md).
- */
-template <typename To, typename Fp8>
-__device__ __forceinline__ void widen4_sm90(uint32_t x, uint32_t& lo, uint32_t& hi) {
-  if constexpr (std::is_same_v<To, half> && std::is_same_v<Fp8, __nv_fp8_e4m3>) {
-    asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\n"
-        "cvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x));
-  } else {
-    fp8::widen4<To, Fp8>(x, lo, hi);
-  }
-}
 
 /**
  * One staged tile (src) widened into a 16-bit stage (dst) by the 32 WARPS widening threads
@@ -88,10 +68,10 @@ __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uin
     const uint4 x = next;
     if (i + kThreads < kUnits) next = *reinterpret_cast<const uint4*>(src + kThreads * 16);
     uint4 y0, y1;
-    widen4_sm90<To, Fp8>(x.x, y0.x, y0.y);
-    widen4_sm90<To, Fp8>(x.y, y0.z, y0.w);
-    widen4_sm90<To, Fp8>(x.z, y1.x, y1.y);
-    widen4_sm90<To, Fp8>(x.w, y1.z, y1.w);
+    fp8::widen4<To, Fp8>(x.x, y0.x, y0.y);
+    fp8::widen4<To, Fp8>(x.y, y0.z, y0.w);
+    fp8::widen4<To, Fp8>(x.z, y1.x, y1.y);
+    fp8::widen4<To, Fp8>(x.w, y1.z, y1.w);
     *reinterpret_cast<uint4*>(dst + lo_off) = y0;
     *reinterpret_cast<uint4*>(dst + hi_off) = y1;
     src += kThreads * 16;
