@@ -76,9 +76,12 @@ struct HopperShape {
   static constexpr int kLoadTileBytes = kFp8 ? kFp8TileBytes : kKVBytes;
   static constexpr int kLoadRowBytes = 64 * KV_BYTES;
   // 4 barriers per stage + 1 (paged TMA: the tail tile's V, zeroed past kv_len by the
-  // producer); fp8: + 4 per staging stage and a word (the copies' tile count at their end).
-  static constexpr int kSchedOffset = kBarOffset + 8 * (4 * kStages + 1) +
-                                      (kFp8 ? 8 * (4 * kFp8Stages + 1) : 0);
+  // producer); fp8: + 4 per staging stage and a word (the copies' tile count at their end), then
+  // a float per consumer warp (the query's largest magnitude, stage_query).
+  static constexpr int kFp8ScratchOffset = kBarOffset + 8 * (4 * kStages + 1) +
+                                           8 * (4 * kFp8Stages + 1);
+  static constexpr int kSchedOffset =
+      kFp8 ? kFp8ScratchOffset + 64 : kBarOffset + 8 * (4 * kStages + 1);
   // dynamic block order: 2 full + 2 empty barriers, then two slots of a block's plan
   static constexpr int kBlockSlotBytes = 128;
   static constexpr int kVariantOffset = kSchedOffset + 8 * 4 + 2 * kBlockSlotBytes;

@@ -31,6 +31,7 @@
 #include "flashgen/prefill_io.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
+#include "flashgen/decode/query.cuh"
 #include "flashgen/prefill/hooks.cuh"
 #include "flashgen/prefill/kv_source.cuh"
 #include "flashgen/prefill/mask.cuh"
@@ -46,23 +47,69 @@
 namespace flashgen {
 namespace hopper {
 
+/** The products' type of an instance: the cache's, or f16 for a widened fp8 cache whatever q's
+ *  type, as in the decode kernels: e4m3 widens to f16 in one instruction a pair and e5m2 in one
+ *  byte permutation, where bf16 takes four (dtype.cuh), and P is finer in f16. The query is
+ *  brought into f16's range by a power of two (stage_query) and the logits back by its inverse
+ *  (consume_tiles). */
+template <typename Params>
+using MmaType = std::conditional_t<is_fp8<typename Params::DTypeKV>, half,
+                                   typename Params::DTypeKV>;
+
+/** The power of two 2^shift that brings `mx` (> 0), the largest |query| of a warpgroup, into
+ *  [2^14, 2^15), clamped to +-100 so that both powers stay normal floats; 0 for no query. The
+ *  rule of the decode kernels' f16_query_shift (decode/query.cuh). */
+__device__ __forceinline__ int f16_shift_of(float mx) {
+  if (!(mx > 0.f) || !isfinite(mx)) return 0;
+  int e;
+  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
+  return max(-100, min(100, 15 - e));
+}
+
 /** Q: the warpgroup's 64 rows of the block (packed row p: token p / G, query head
- *  kv_head * G + p % G), RoPE + QueryTransform in fp32 (an fp8 cache: times its k_scale, so
- *  that the logits are those of K = k_scale * stored K, as the decode kernels define it),
- *  stored 128-byte-swizzled in the Q buffer (smem); ctid: the thread within the warpgroup. Ends
- *  on the warpgroup's barrier. */
+ *  kv_head * G + p % G), RoPE + QueryTransform in fp32, stored 128-byte-swizzled in the Q
+ *  buffer (smem); ctid: the thread within the warpgroup. Ends on the warpgroup's barrier.
+ *  An fp8 cache: times its k_scale, so that the logits are those of K = k_scale * stored K, as
+ *  the decode kernels define it, and times 2^shift, the power of two that puts the warpgroup's
+ *  largest query element in [2^14, 2^15) (a first pass over the rows finds it), stored as f16;
+ *  returns 2^-shift, which brings S back to the logits (1 for a 16-bit cache). */
 template <typename Traits, bool kRope, typename Variant, typename Params>
-__device__ __forceinline__ void stage_query(const Params& params, Variant& variant, uint8_t* smem,
-                                            const prefill::RequestInfo& rq, int32_t qo_len,
-                                            int32_t kv_len, uint32_t kv_head, uint32_t p0,
-                                            uint32_t G, uint32_t cw, uint32_t ctid) {
-  using DTypeQ = typename Params::DTypeQ;
+__device__ __forceinline__ float stage_query(const Params& params, Variant& variant,
+                                             uint8_t* smem, const prefill::RequestInfo& rq,
+                                             int32_t qo_len, int32_t kv_len, uint32_t kv_head,
+                                             uint32_t p0, uint32_t G, uint32_t cw,
+                                             uint32_t ctid) {
+  using DTypeQ = MmaType<Params>;
   constexpr int kD = Traits::kHeadDim;
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kHalf = kD / 16;  // 16-byte chunks per half row
   constexpr int kUnits = 64 * kHalf;
   rope::LlamaRope rp;
   if constexpr (kRope) rp = rope::LlamaRope::make(params.rope_theta, params.rope_scale);
+  float q_scale = 1.f, unscale = 1.f;  // an fp8 cache: k_scale * 2^shift, 2^-shift
+  if constexpr (Traits::kFp8) {
+    float mx = 0.f;
+#pragma unroll 1
+    for (int it = 0; it < kUnits / 128; ++it) {
+      const uint32_t idx = it * 128 + ctid;
+      const uint32_t p = p0 + cw * 64 + idx / kHalf;
+      const int32_t token = int32_t(p / G);
+      float lo[8], hi[8];
+      prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token,
+                                            kv_head * G + p % G, idx % kHalf, rp, lo, hi);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float* const warp_max = reinterpret_cast<float*>(smem + Traits::kFp8ScratchOffset) + 4 * cw;
+    if (ctid % 32 == 0) warp_max[ctid / 32] = mx;
+    named_barrier(1 + cw, 128);
+    mx = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+    const int shift = f16_shift_of(mx * fabsf(params.k_scale));
+    q_scale = params.k_scale * decode::pow2(shift);
+    unscale = decode::pow2(-shift);
+  }
 #pragma unroll
   for (int it = 0; it < kUnits / 128; ++it) {
     const uint32_t idx = it * 128 + ctid;
@@ -74,11 +121,11 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
     float lo[8], hi[8];
     prefill::load_query_chunks<kD, kRope>(params, variant, rq, qo_len, kv_len, token, head, c,
                                           rp, lo, hi);
-    if constexpr (is_fp8<typename Params::DTypeKV>) {
+    if constexpr (Traits::kFp8) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        lo[j] *= params.k_scale;
-        hi[j] *= params.k_scale;
+        lo[j] *= q_scale;
+        hi[j] *= q_scale;
       }
     }
     *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = pack8<DTypeQ>(lo);
@@ -86,6 +133,7 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
   }
   fence_proxy_async();
   named_barrier(1 + cw, 128);
+  return unscale;
 }
 
 /** The mainloop of one block over its n_tiles kv tiles (from kt_begin; tiles in [free_a, free_b)
@@ -95,7 +143,9 @@ __device__ __forceinline__ void stage_query(const Params& params, Variant& varia
  *  out: o (zeroed by the caller), m, l; s, pr: the S tile and its packed P; scale0: tile 0's
  *  rescale factors. The caller owns these arrays (the file comment says why). The per-row inputs
  *  (tok, qo_head, slope, origin) and the variant's (tanh_on, logit_scale, fixed_max) come from
- *  run_consumer. */
+ *  run_consumer; unscale: an fp8 cache's 2^-shift (stage_query), by which S becomes the logits
+ *  (folded into the exp2's FFMA and the row max, or applied first where a hook reads the
+ *  logits). */
 template <typename Traits, int MASK, int PAGE_SIZE, typename Variant, typename Params,
           typename Stages>
 __device__ __forceinline__ void consume_tiles(
@@ -103,13 +153,11 @@ __device__ __forceinline__ void consume_tiles(
     const uint32_t& q_addr, const uint32_t& cw, const uint32_t& lane, const uint32_t& quad,
     const int32_t (&tok)[2], const uint32_t (&qo_head)[2], const float (&slope)[2],
     const int32_t (&origin)[2], const bool& tanh_on, const float& logit_scale,
-    const bool& fixed_max, const int32_t& qo_len, const int32_t& kv_len, const uint32_t& kv_head,
+    const float& unscale, const bool& fixed_max, const int32_t& qo_len, const int32_t& kv_len, const uint32_t& kv_head,
     const int32_t& kt_begin, const int32_t& n_tiles, const int32_t& free_a, const int32_t& free_b,
     const uint32_t& g, float (&o)[Traits::kHeadDim / 2], float (&m)[2], float (&l)[2],
     float (&s)[Traits::kTileKV / 2], uint32_t (&pr)[Traits::kTileKV / 4], float (&scale0)[2]) {
-  // The products' type: the cache's, or the query's for a widened fp8 cache.
-  using DTypeMma = std::conditional_t<is_fp8<typename Params::DTypeKV>, typename Params::DTypeQ,
-                                      typename Params::DTypeKV>;
+  using DTypeMma = MmaType<Params>;
   using Mma = Wgmma<DTypeMma, Traits::kTileKV>;   // S = Q K^T: n = kv tile
   using MmaPV = Wgmma<DTypeMma, Traits::kHeadDim>;  // O += P V: n = head_dim
   constexpr int kD = Traits::kHeadDim;
@@ -127,6 +175,12 @@ __device__ __forceinline__ void consume_tiles(
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
   constexpr bool kVarLogits =
       prefill::has_own_logits_transform<Variant, Params>() && !kTanhCap && !kLinearBias;
+  // An fp8 cache's S is 2^shift times the logits: multiplied back first where a hook reads
+  // them (tanh, the linear bias, a variant's transform, the sums without softmax); else folded
+  // into the row max and the exp2's FFMA, as TanhCap's scale is.
+  constexpr bool kUnscaleFirst =
+      Traits::kFp8 && (kTanhCap || kLinearBias || kVarLogits || !kSoftmax);
+  constexpr bool kUnscaleFolded = Traits::kFp8 && !kUnscaleFirst;
   auto& k_addr = sg.k_addr;
   auto& v_addr = sg.v_addr;
   auto& full_k = sg.full_k;
@@ -189,6 +243,10 @@ __device__ __forceinline__ void consume_tiles(
     (void)kv0;
     float row_base[2] = {0.f, 0.f};
     (void)row_base;
+    if constexpr (kUnscaleFirst) {
+#pragma unroll
+      for (int i = 0; i < kS; ++i) s[i] *= unscale;
+    }
     if constexpr (kLinearBias) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) row_base[h] = slope[h] * float(kv0 - origin[h]);
@@ -236,12 +294,15 @@ __device__ __forceinline__ void consume_tiles(
       if (!fixed_max) {
         float mx[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) mx[h] = (kTanhCap || kLinearBias) ? -math::inf : m[h];
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = (kTanhCap || kLinearBias || kUnscaleFolded) ? -math::inf : m[h];
+        }
 #pragma unroll
         for (int i = 0; i < kS; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if constexpr (kTanhCap) mx[h] = fmaxf(mx[h] * logit_scale, m[h]);  // logit_scale > 0
+          if constexpr (kUnscaleFolded) mx[h] = fmaxf(mx[h] * unscale, m[h]);   // unscale > 0
           if constexpr (kLinearBias) mx[h] = fmaxf(mx[h] + row_base[h], m[h]);
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
@@ -260,7 +321,9 @@ __device__ __forceinline__ void consume_tiles(
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
-        const float x = kTanhCap ? fmaf(s[i], logit_scale, -m_ref[h]) : s[i] - m_ref[h];
+        const float x = kTanhCap         ? fmaf(s[i], logit_scale, -m_ref[h])
+                        : kUnscaleFolded ? fmaf(s[i], unscale, -m_ref[h])
+                                         : s[i] - m_ref[h];
         s[i] = math::ptx_exp2(x);
         sum[h] += s[i];
       }
@@ -373,8 +436,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
                                              const uint32_t& G, const uint32_t& num_kv_heads,
                                              const uint32_t& tid, const uint32_t& wg) {
   using DTypeKV = typename Params::DTypeKV;
-  // P's type (the products'): the cache's, or the query's for a widened fp8 cache.
-  using DTypeP = std::conditional_t<is_fp8<DTypeKV>, typename Params::DTypeQ, DTypeKV>;
+  using DTypeP = MmaType<Params>;  // P's type, the products'
   constexpr int kD = Traits::kHeadDim;
   constexpr int kS = Traits::kTileKV / 2;  // S floats per thread
   constexpr int kO = kD / 2;               // O floats per thread
@@ -418,7 +480,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
     if constexpr (kFixedMaxAble) fixed_max = prefill::fixed_reference(variant, params, fixed_ref);
     named_barrier(1 + cw, 128);  // the previous block's epilogue has read its O from shared memory
 
-    stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len, kv_head, p0, G, cw, ctid);
+    const float unscale = stage_query<Traits, kRope>(params, variant, smem, rq, qo_len, kv_len,
+                                                     kv_head, p0, G, cw, ctid);
 
     // This thread's two rows (h = 0, 1) of every accumulator: r = 64 cw + 16 warp4 + lane/4 + 8h.
     int32_t tok[2];
@@ -456,7 +519,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
     float scale0[2];
     consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
                                            qo_head, slope, origin, tanh_on, logit_scale,
-                                           fixed_max, qo_len, kv_len, kv_head, kt_begin, n_tiles,
+                                           unscale, fixed_max, qo_len, kv_len, kv_head, kt_begin, n_tiles,
                                            free_a, free_b, g, o, m, l, s, pr, scale0);
 
     g += uint32_t(n_tiles);

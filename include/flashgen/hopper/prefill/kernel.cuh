@@ -14,10 +14,12 @@
  *
  * An fp8 cache (Params::DTypeKV __nv_fp8_e4m3 / __nv_fp8_e5m2, with the params' k_scale and
  * v_scale): the copies fill a staging ring of one-byte tiles that the producer's idle warps
- * widen, exactly, into the 16-bit stages (widen.cuh says why there); the products run in the
- * query's type; k_scale multiplies the transformed query (the logits are those of K = k_scale *
- * stored K) and v_scale the output accumulators before the epilogue (V = v_scale * stored V,
- * split partials included); the LSE keeps its meaning.
+ * widen, exactly, into f16 stages (widen.cuh says why there); the products run in f16 whatever
+ * q's type, as in the decode kernels (consumer.cuh's MmaType): k_scale and a power of two that
+ * puts the warpgroup's query in f16's range multiply the transformed query, the inverse power
+ * brings S back to the logits (K = k_scale * stored K); v_scale multiplies the output
+ * accumulators before the epilogue (V = v_scale * stored V, split partials included); the LSE
+ * keeps its meaning.
  *
  * The hooks, masks, causal alignment (bottom-right), GQA packing, RoPE and LSE convention are
  * those of the portable kernel (prefill/kernel.cuh): the same KVTileRange, the same variant hook

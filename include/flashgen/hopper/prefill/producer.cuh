@@ -324,7 +324,7 @@ __device__ __forceinline__ void run_producer(
     static_assert(!kRope, "an fp8 cache has no RoPE pre-pass: keys are rotated before caching");
     constexpr int kWidenWarps = hopper_widen_warps<Traits::kTileKV, PAGE_SIZE>();
     if (tid >= 32 * (4 - kWidenWarps)) {
-      run_widener<Traits, kWidenWarps, typename Params::DTypeQ, typename Params::DTypeKV>(
+      run_widener<Traits, kWidenWarps, half, typename Params::DTypeKV>(
           st, sg, tid - 32 * (4 - kWidenWarps));
       return;
     }
