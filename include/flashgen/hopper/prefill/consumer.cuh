@@ -79,7 +79,7 @@ __device__ __forceinline__ float stage_query(const Params& params, Variant& vari
                                              int32_t qo_len, int32_t kv_len, uint32_t kv_head,
                                              uint32_t p0, uint32_t G, uint32_t cw,
                                              uint32_t ctid) {
-  using DTypeQ = MmaType<Params>;
+  using DTypeMma = MmaType<Params>;  // the stored Q's type (q's, or f16 with an fp8 cache)
   constexpr int kD = Traits::kHeadDim;
   constexpr int kTileQ = Traits::kTileQ;
   constexpr int kHalf = kD / 16;  // 16-byte chunks per half row
@@ -128,8 +128,8 @@ __device__ __forceinline__ float stage_query(const Params& params, Variant& vari
         hi[j] *= q_scale;
       }
     }
-    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = pack8<DTypeQ>(lo);
-    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = pack8<DTypeQ>(hi);
+    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c)) = pack8<DTypeMma>(lo);
+    *reinterpret_cast<uint4*>(smem + sw128<kTileQ>(r, c + kHalf)) = pack8<DTypeMma>(hi);
   }
   fence_proxy_async();
   named_barrier(1 + cw, 128);
@@ -153,9 +153,10 @@ __device__ __forceinline__ void consume_tiles(
     const uint32_t& q_addr, const uint32_t& cw, const uint32_t& lane, const uint32_t& quad,
     const int32_t (&tok)[2], const uint32_t (&qo_head)[2], const float (&slope)[2],
     const int32_t (&origin)[2], const bool& tanh_on, const float& logit_scale,
-    const float& unscale, const bool& fixed_max, const int32_t& qo_len, const int32_t& kv_len, const uint32_t& kv_head,
-    const int32_t& kt_begin, const int32_t& n_tiles, const int32_t& free_a, const int32_t& free_b,
-    const uint32_t& g, float (&o)[Traits::kHeadDim / 2], float (&m)[2], float (&l)[2],
+    const float& unscale, const bool& fixed_max, const int32_t& qo_len, const int32_t& kv_len,
+    const uint32_t& kv_head, const int32_t& kt_begin, const int32_t& n_tiles,
+    const int32_t& free_a, const int32_t& free_b, const uint32_t& g,
+    float (&o)[Traits::kHeadDim / 2], float (&m)[2], float (&l)[2],
     float (&s)[Traits::kTileKV / 2], uint32_t (&pr)[Traits::kTileKV / 4], float (&scale0)[2]) {
   using DTypeMma = MmaType<Params>;
   using Mma = Wgmma<DTypeMma, Traits::kTileKV>;   // S = Q K^T: n = kv tile
@@ -519,8 +520,9 @@ __device__ __forceinline__ void run_consumer(const Params& params, const prefill
     float scale0[2];
     consume_tiles<Traits, MASK, PAGE_SIZE>(params, variant, w, sg, q_addr, cw, lane, quad, tok,
                                            qo_head, slope, origin, tanh_on, logit_scale,
-                                           unscale, fixed_max, qo_len, kv_len, kv_head, kt_begin, n_tiles,
-                                           free_a, free_b, g, o, m, l, s, pr, scale0);
+                                           unscale, fixed_max, qo_len, kv_len, kv_head,
+                                           kt_begin, n_tiles, free_a, free_b, g, o, m, l, s, pr,
+                                           scale0);
 
     g += uint32_t(n_tiles);
     if constexpr (is_fp8<DTypeKV>) {  // V = v_scale * stored V: the output and the partials
