@@ -45,7 +45,7 @@ struct BatchPrefillPaged {
   struct Instance {
     using DTypeKV = CacheType<DType, KV>;
     using Params = BatchPrefillPagedParams<DType, DTypeKV, DType>;
-    using Backend = PrefillBackendFor<BACKEND, Tag, DTypeKV>;
+    using Backend = PrefillBackend<BACKEND, Tag>;
     // RoPE rotates 16-bit keys only (fp8_cache.cuh).
     static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
 

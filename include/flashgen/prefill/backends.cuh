@@ -3,12 +3,10 @@
  * under one set of names: PrefillBackend<FLASHGEN_CODE_backend_*, Tag> forwards to the host API of
  * prefill/launch.cuh (portable) or hopper/launch.cuh (sm90), which take the same arguments. The
  * sm90 one exists only in binaries whose generated header holds that backend (built for sm_90a
- * alone), so a portable instance never names Hopper code; PrefillBackendFor picks the kernels of
- * an instance by its cache's element type too. Include after <flashgen_instance.cuh>.
+ * alone), so a portable instance never names Hopper code. Include after <flashgen_instance.cuh>.
  */
 #pragma once
 
-#include "flashgen/dtype.cuh"
 #include "flashgen/prefill/launch.cuh"
 #if FLASHGEN_BACKEND_sm90
 #include "flashgen/hopper/launch.cuh"
@@ -55,20 +53,5 @@ FLASHGEN_PREFILL_BACKEND(FLASHGEN_CODE_backend_portable, prefill)
 FLASHGEN_PREFILL_BACKEND(FLASHGEN_CODE_backend_sm90, hopper)
 #endif
 #undef FLASHGEN_PREFILL_BACKEND
-
-/**
- * The backend whose kernels serve an instance of backend BACKEND over a K/V cache of DTypeKV:
- * its own, except that the sm90 instances over an fp8 cache run the portable kernel (which builds
- * for sm_90a like any other) while the Hopper kernels read 16-bit K/V only. This is the one
- * place to switch them to the Hopper kernels once those read fp8.
- */
-template <int BACKEND, typename DTypeKV>
-constexpr int kernels_for = BACKEND == FLASHGEN_CODE_backend_sm90 && is_fp8<DTypeKV>
-                                ? FLASHGEN_CODE_backend_portable
-                                : BACKEND;
-
-/** The kernels of an instance of backend BACKEND, variant tag Tag, over a cache of DTypeKV. */
-template <int BACKEND, typename Tag, typename DTypeKV>
-using PrefillBackendFor = PrefillBackend<kernels_for<BACKEND, DTypeKV>, Tag>;
 
 }  // namespace flashgen
