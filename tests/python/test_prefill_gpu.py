@@ -156,8 +156,8 @@ def single_cases() -> list[dict[str, Any]]:
                             cases.append(_case(variant=variant, dtype=dtype, head_dim=head_dim,
                                                shape=(qo, kv), causal=causal, layout=layout,
                                                sm_scale=0.05 if layout == "HND" else None))
-    # head_dim 64 with a variant that holds per-row state (ALiBi's LinearBias, the window's
-    # MaskBounds): the sm90 kernel takes another tile shape for them (hopper/traits.cuh).
+    # head_dim 64 with ALiBi, whose LinearBias holds per-row state: the sm90 kernel takes another
+    # tile shape for it (hopper/traits.cuh); and the window, whose MaskBounds no longer does.
     if not FULL:
         for variant in ("sliding_window", "alibi"):
             for causal in (True, False):
