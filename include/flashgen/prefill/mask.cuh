@@ -122,6 +122,8 @@ __device__ __forceinline__ RowKeys row_keys(Variant& v, const Params& params, ui
  *  only ones whose rows test their first key. */
 struct LeadMaskTag : std::true_type {};
 
+/** kv_idx and keys in one frame: absolute, or both relative to the tile's first column (then
+ *  kv_idx is a constant of the unrolled loop and the test one compare with an immediate). */
 template <bool kLead>
 __device__ __forceinline__ bool row_keys_keep(int32_t kv_idx, const RowKeys& keys) {
   return kv_idx <= keys.last && (!kLead || kv_idx >= keys.first);

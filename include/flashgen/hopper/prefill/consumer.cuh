@@ -198,13 +198,16 @@ __device__ __forceinline__ void consume_tiles(
     }
     if constexpr (kVarLogits || kMask) {
       // MaskBounds: each row's keys (prefill/mask.cuh), per tile from tok rather than held
-      // across the loop (two more registers there make ptxas rebuild Q's descriptors per tile).
+      // across the loop (two more registers there make ptxas rebuild Q's descriptors per tile),
+      // relative to this thread's first column kv0.
       prefill::RowKeys keys[2] = {{0, 0}, {0, 0}};
       (void)keys;
       if constexpr (kMask && kBounds) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          keys[h] = prefill::row_keys<MASK>(variant, params, w.batch, qo_len, kv_len, tok[h]);
+          const prefill::RowKeys k =
+              prefill::row_keys<MASK>(variant, params, w.batch, qo_len, kv_len, tok[h]);
+          keys[h] = {k.first - kv0, k.last - kv0};
         }
       }
 #pragma unroll
@@ -214,7 +217,7 @@ __device__ __forceinline__ void consume_tiles(
         float x = s[i];
         bool keep = true;
         if constexpr (kMask && kBounds) {
-          keep = prefill::row_keys_keep<kLead>(kv_idx, keys[h]);
+          keep = prefill::row_keys_keep<kLead>(8 * (i / 4) + (i % 2), keys[h]);
         } else if constexpr (kMask) {
           keep = prefill::mask_keep<MASK>(kv_idx, kv_len, kv_len - qo_len + tok[h]);
           if constexpr (kVarMask) {
