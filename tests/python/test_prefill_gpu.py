@@ -156,8 +156,8 @@ def single_cases() -> list[dict[str, Any]]:
                             cases.append(_case(variant=variant, dtype=dtype, head_dim=head_dim,
                                                shape=(qo, kv), causal=causal, layout=layout,
                                                sm_scale=0.05 if layout == "HND" else None))
-    # head_dim 64 with a variant that holds per-row state (ALiBi's LinearBias, the window's
-    # MaskBounds): the sm90 kernel takes another tile shape for them (hopper/traits.cuh).
+    # head_dim 64 with ALiBi, whose LinearBias holds per-row state: the sm90 kernel takes another
+    # tile shape for it (hopper/traits.cuh); and the window, whose MaskBounds no longer does.
     if not FULL:
         for variant in ("sliding_window", "alibi"):
             for causal in (True, False):
@@ -267,6 +267,8 @@ def case_id(case: dict[str, Any]) -> str:
         parts.append(f"rope{case['rope']}" + ("+off" if case["offsets"] else ""))
     if case["sm_scale"] is not None:
         parts.append(f"s{case['sm_scale']}")
+    if "window_left" in case:
+        parts.append(f"w{case['window_left']}")
     if case.get("backend") and case["kind"] in BACKEND_KINDS:
         parts.append(case["backend"])
     return "-".join(parts)
@@ -291,6 +293,14 @@ def variant_params(variant: str, kv_len: int, num_qo_heads: int, rng: random.Ran
     if variant == CUSTOM:
         return {"logits_scale": 0.11, "sigmoid_bias": -1.0}
     return {}
+
+
+def case_params(case: dict[str, Any], kv_len: int, num_qo_heads: int, rng: random.Random) -> dict[str, Any]:
+    """variant_params, with the case's own window_left where it names one (window_cases)."""
+    params = variant_params(case["variant"], kv_len, num_qo_heads, rng)
+    if "window_left" in case:
+        params["window_left"] = case["window_left"]
+    return params
 
 
 _custom_variant: list[Any] = []
@@ -571,7 +581,7 @@ def run_single(case: dict[str, Any]) -> None:
     qo, kv = case["shape"]
     q = nan_strided((qo, hq, d), dt, gen)
     k, v = rand((kv, HKV, d), dt, gen), rand((kv, HKV, d), dt, gen)
-    params = variant_params(case["variant"], kv, hq, rng)
+    params = case_params(case, kv, hq, rng)
     out = poisoned((qo, hq, d), dt)
     got, lse = flashgen.single_prefill(q, to_layout(k, case["layout"]), to_layout(v, case["layout"]), out=out,
                                        **_api_kwargs(case, params))
@@ -596,7 +606,7 @@ def run_batch(case: dict[str, Any], lens: list[tuple[int, int]] | None = None) -
     q = nan_strided((sum(qo_lens), hq, d), dt, gen)
     qo_indptr = indptr(qo_lens)
     live_kv = [n for n in kv_lens if n] or [1]
-    params = variant_params(case["variant"], min(live_kv), hq, rng)
+    params = case_params(case, min(live_kv), hq, rng)
     kw = _api_kwargs(case, params)
     q_off, k_off = _rope_offset_kwargs(case, kw, len(lens), rng)
     out = poisoned(tuple(q.shape), dt)
@@ -869,6 +879,29 @@ def test_backends_agree(case: dict[str, Any]) -> None:
     _agree(outs[a]["o"][rows], outs[b]["o"][rows], outs[a]["lse"][rows], outs[b]["lse"][rows], case["dtype"],
            f"{case_id(case)}: backends {a} and {b}")
     assert torch.equal(torch.isinf(outs[a]["lse"]), torch.isinf(outs[b]["lse"])), "rows that see no key differ"
+
+
+# ---------------------------------------------------------------- sliding-window edges
+
+def window_cases() -> list[dict[str, Any]]:
+    """sliding_window at fixed windows around the kv tile edges (64 rows portable, 128 sm90) and at
+    and past kv_len. The kernels test the window's bounds on masked tiles, each row's first key
+    only on the tiles before the mask-free run (prefill/mask.cuh row_keys): -1 and windows >=
+    kv_len must keep every causal key, as default does."""
+    cases = []
+    for w in (-1, 0, 1, 63, 64, 127, 128, 129, 999, 1000, 4096, 100000):
+        for causal in (True, False):
+            cases.append(_case(shape=(1000, 1000), variant="sliding_window", causal=causal, window_left=w))
+        cases.append(_case(shape=(129, 4097), variant="sliding_window", window_left=w))
+        cases.append(_case(kind="paged", page_size=16, lens="mixed", variant="sliding_window", window_left=w))
+    return cases
+
+
+@pytest.mark.parametrize("case", [dict(c, backend=None, both_backends=True) for c in window_cases()], ids=case_id)
+def test_sliding_window_edges(case: dict[str, Any]) -> None:
+    module = {"single": "single_prefill", "paged": "batch_prefill_paged"}[case["kind"]]
+    for backend in _backends_here(module):
+        (run_single if case["kind"] == "single" else run_batch)(dict(case, backend=backend))
 
 
 # ---------------------------------------------------------------- qo_len = 1 prefill == decode

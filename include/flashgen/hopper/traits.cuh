@@ -106,15 +106,15 @@ struct HopperFp8Traits : HopperShape<HEAD_DIM_, CONSUMER_WGS, 1> {};
 /**
  * Consumer warpgroups of one instance. Three warpgroups leave each consumer thread 160
  * registers; head_dim 64's S, O and P fit in them, but state held per query row across the
- * kv loop does not: RoPE, a LinearBias hook (ALiBi) or a MaskBounds hook (sliding window)
- * make ptxas spill there. Those instances take two warpgroups (240 registers); the others keep
- * the head_dim's shape.
+ * kv loop does not: RoPE or a LinearBias hook (ALiBi) make ptxas spill there. Those instances
+ * take two warpgroups (240 registers); the others keep the head_dim's shape. A MaskBounds hook
+ * (sliding window) holds nothing across the loop (prefill/mask.cuh's row_keys are formed per
+ * masked tile from the row's token) and keeps it too.
  */
 template <int HEAD_DIM, int POS, typename Variant, typename Params>
 constexpr int consumer_warpgroups() {
   constexpr bool kRowState = POS == prefill::kPosRopeLlama ||
-                             prefill::has_linear_bias<Variant, Params>::value ||
-                             prefill::has_mask_bounds<Variant, Params>::value;
+                             prefill::has_linear_bias<Variant, Params>::value;
   return HopperConfig<HEAD_DIM>::kConsumerWGs == 3 && kRowState
              ? 2
              : HopperConfig<HEAD_DIM>::kConsumerWGs;

@@ -8,10 +8,14 @@
  *  - `LogitsTransformPrefill` (optional, same signature as LogitsTransform): a cheaper form the
  *    prefill kernel calls instead when present (soft_cap: tanh.approx; decode keeps the accurate
  *    LogitsTransform, whose LSE bound is 5e-5).
- *  - `MaskBounds(params, batch_idx, qo_idx, int32_t& lo, int32_t& hi)` (optional): the variant's
- *    LogitsMask keeps key kv for query qo exactly when lo <= kv <= hi, with lo and hi
- *    nondecreasing in qo. The kernel then visits only kv tiles that intersect [lo(first query),
- *    hi(last query)] and runs tiles inside [lo(last), hi(first)] mask-free (sliding window).
+ *  - `MaskBounds(params, batch_idx, qo_len, kv_len, qo_idx, int32_t& lo, int32_t& hi)`
+ *    (optional): the variant's LogitsMask keeps key kv for query qo of a request of qo_len
+ *    queries and kv_len keys exactly when lo <= kv <= hi, with lo and hi nondecreasing in qo.
+ *    The kernel passes the lengths it already holds, so the hook needs no length of its own
+ *    (one read from params would be a page-table load per block and role). The kernel then
+ *    visits only kv tiles that intersect [lo(first query), hi(last query)], runs tiles inside
+ *    [lo(last), hi(first)] mask-free and tests the others against the bounds instead of calling
+ *    LogitsMask (mask.cuh's row_keys; sliding window).
  *  - `LinearBias(params, batch_idx, qo_idx, qo_head_idx, kv_head_idx, float& slope,
  *    int32_t& origin)` (optional): the variant's LogitsTransform is exactly
  *    `logits + slope * float(int32_t(kv_idx) - origin)` for that query row and head (ALiBi). The
@@ -76,8 +80,8 @@ constexpr bool has_own_logits_transform() {
 
 template <typename V, typename P>
 using mask_bounds_call = decltype(std::declval<V&>().MaskBounds(
-    std::declval<const P&>(), uint32_t(), uint32_t(), std::declval<int32_t&>(),
-    std::declval<int32_t&>()));
+    std::declval<const P&>(), uint32_t(), int32_t(), int32_t(), uint32_t(),
+    std::declval<int32_t&>(), std::declval<int32_t&>()));
 template <typename V, typename P>
 using has_mask_bounds = hooks::is_detected<mask_bounds_call, V, P>;
 

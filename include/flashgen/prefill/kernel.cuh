@@ -426,6 +426,7 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 
   auto step = [&](int32_t kt, auto mask_tag) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    constexpr bool kLead = std::is_same<decltype(mask_tag), LeadMaskTag>::value;
     const uint32_t stage = Traits::kStages == 1 ? 0u : uint32_t(kt & 1);
     // K_kt has landed (V_kt may still be in flight); with 2 stages this barrier also frees the
     // buffers of tile kt-1 for tile kt+1. An fp8 cache: this thread's copies of K_kt widened
@@ -534,6 +535,11 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
           const uint32_t qo_head = kv_head * G + (p0 + r) - uint32_t(token) * G;
           (void)qo_head;
           const int32_t diag = kv_len - qo_len + token;
+          RowKeys keys{0, 0};
+          (void)keys;
+          if constexpr (kMask && kBounds) {
+            keys = row_keys<MASK>(variant, params, w.batch, qo_len, kv_len, token);
+          }
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -541,7 +547,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
               const int32_t kv_idx = kv0 + nt * 8 + e1;
               float x = s[mq][nt][2 * h + e1];
               bool keep = true;
-              if constexpr (kMask) {
+              if constexpr (kMask && kBounds) {
+                keep = row_keys_keep<kLead>(kv_idx, keys);
+              } else if constexpr (kMask) {
                 keep = mask_keep<MASK>(kv_idx, kv_len, diag);
                 if constexpr (kVarMask) {
                   keep = keep && hooks::logits_mask(variant, params, w.batch, uint32_t(token),
@@ -688,13 +696,13 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
     }
   };
 
-  // Tiles in order: [kt_begin, free_a) masked (only with MaskBounds), [free_a, free_b) mask-free,
-  // [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
+  // Tiles in order: [kt_begin, free_a) masked, each row's first key too (only with MaskBounds),
+  // [free_a, free_b) mask-free, [free_b, kt_end) masked. Separate loops rather than one loop with a branch: the branch would
   // keep the masked body's values live across the hot loop (it spills).
   const int32_t free_a = tiles.free_a(), free_b = tiles.free_b();
   int32_t kt = kt_begin;
   if constexpr (kBounds) {
-    for (; kt < free_a; ++kt) step(kt, std::true_type{});
+    for (; kt < free_a; ++kt) step(kt, LeadMaskTag{});
   }
   for (; kt < free_b; ++kt) step(kt, std::false_type{});
   for (; kt < kt_end; ++kt) step(kt, std::true_type{});

@@ -6,7 +6,8 @@
  * are skipped whole; tiles entirely left of the diagonal of `first` (and inside kv_len) run the
  * mask-free loop body; the rest (the diagonal band and a partial last tile) apply the mask per
  * element. A variant with its own LogitsMask makes every tile masked, unless it states its
- * MaskBounds (hooks.cuh), which narrow both ranges (the sliding window).
+ * MaskBounds (hooks.cuh), which narrow both ranges and stand in for LogitsMask on the masked
+ * tiles (row_keys; the sliding window).
  */
 #pragma once
 
@@ -78,8 +79,8 @@ __device__ __forceinline__ UnitTiles unit_tiles(const Params& params, uint32_t b
   if constexpr (kBounds) {
     auto&& v = variant();
     int32_t lo_f, hi_f, lo_l, hi_l;
-    v.MaskBounds(params, batch, uint32_t(first_token), lo_f, hi_f);
-    v.MaskBounds(params, batch, uint32_t(last_token), lo_l, hi_l);
+    v.MaskBounds(params, batch, qo_len, kv_len, uint32_t(first_token), lo_f, hi_f);
+    v.MaskBounds(params, batch, qo_len, kv_len, uint32_t(last_token), lo_l, hi_l);
     t_lo = max(lo_f, 0) / kTileKV;
     t_hi = min(t_hi, (min(hi_l, kv_len - 1) + kTileKV) / kTileKV);
     t_hi = max(t_hi, t_lo);
@@ -95,6 +96,37 @@ __device__ __forceinline__ UnitTiles unit_tiles(const Params& params, uint32_t b
     t.end = min(t_hi, t.begin + per);
   }
   return t;
+}
+
+/** The keys a masked tile keeps for query `token` of a variant with MaskBounds: first <= kv <=
+ *  last, last being the bounds' hi narrowed by the mask mode (kv_len - 1; causal: the diagonal).
+ *  Both kernels test these on masked tiles in place of the mode's test and LogitsMask: kv <= last
+ *  on each, kv >= first only on the leading run's (LeadMaskTag), because the tiles after that run
+ *  lie at or past every row's first key (unit_tiles' free_lo). So a window-capable variant
+ *  without a window (first 0) does a plain causal mask's per-element work. */
+struct RowKeys {
+  int32_t first, last;
+};
+
+template <int MASK, typename Variant, typename Params>
+__device__ __forceinline__ RowKeys row_keys(Variant& v, const Params& params, uint32_t batch,
+                                            int32_t qo_len, int32_t kv_len, int32_t token) {
+  int32_t lo, hi;
+  v.MaskBounds(params, batch, qo_len, kv_len, uint32_t(token), lo, hi);
+  int32_t last = min(hi, kv_len - 1);
+  if constexpr (MASK == kMaskCausal) last = min(last, kv_len - qo_len + token);
+  return {lo, last};
+}
+
+/** The mask tag of the leading run's tiles (a masked tile, true like the trailing run's): the
+ *  only ones whose rows test their first key. */
+struct LeadMaskTag : std::true_type {};
+
+/** kv_idx and keys in one frame: absolute, or both relative to the tile's first column (then
+ *  kv_idx is a constant of the unrolled loop and the test one compare with an immediate). */
+template <bool kLead>
+__device__ __forceinline__ bool row_keys_keep(int32_t kv_idx, const RowKeys& keys) {
+  return kv_idx <= keys.last && (!kLead || kv_idx >= keys.first);
 }
 
 /** The per-element test of the mask mode itself (the variant's LogitsMask is applied beside). */

@@ -93,14 +93,13 @@ using has_page_table = hooks::is_detected<page_table_field, Params>;
 
 /**
  * The traits of one kernel: kMinCtasLean CTAs an SM for the lean kernels (a softmax variant
- * without MaskBounds, over dense K/V), kMinCtas for the others, whose extra state did not fit
- * the lean count's registers. The kernel, its launch and the workspace query (launch.cuh) name
+ * over dense K/V; MaskBounds forms its row keys per masked tile and adds no state), kMinCtas
+ * for the others, whose extra state did not fit the lean count's registers. The kernel, its launch and the workspace query (launch.cuh) name
  * this one alias, so they agree on the plan.
  */
 template <int HEAD_DIM, typename Variant, typename Params>
 constexpr int min_ctas() {
-  constexpr bool kLean = Variant::use_softmax && !has_mask_bounds<Variant, Params>::value &&
-                         !has_page_table<Params>::value;
+  constexpr bool kLean = Variant::use_softmax && !has_page_table<Params>::value;
   return kLean ? PrefillConfig<HEAD_DIM>::kMinCtasLean : PrefillConfig<HEAD_DIM>::kMinCtas;
 }
 

@@ -26,10 +26,12 @@ struct SlidingWindow : DefaultAttention<ParamsT_> {
   }
 
   /** LogitsMask keeps exactly lo <= kv <= hi (prefill/hooks.cuh: tiles outside are skipped,
-   *  tiles inside run mask-free). */
-  __device__ __forceinline__ void MaskBounds(const ParamsT&, uint32_t, uint32_t qo_idx, int32_t& lo,
+   *  tiles inside run mask-free, the others test the bounds). From the kernel's lengths, not
+   *  q_pos_base: the prefill kernels then never read the lengths for the variant. */
+  __device__ __forceinline__ void MaskBounds(const ParamsT&, uint32_t, int32_t qo_len,
+                                             int32_t kv_len, uint32_t qo_idx, int32_t& lo,
                                              int32_t& hi) {
-    const int64_t q_pos = q_pos_base + qo_idx;
+    const int64_t q_pos = int64_t(kv_len) - qo_len + qo_idx;
     hi = int32_t(q_pos);
     const int64_t lo64 = window_left < 0 ? 0 : q_pos - window_left;
     lo = lo64 < 0 ? 0 : int32_t(lo64);

@@ -172,6 +172,7 @@ __device__ __forceinline__ void consume_tiles(
   constexpr bool kGather =
       PAGE_SIZE > 0 && !hopper_paged_tma<kTileKV, PAGE_SIZE>() && !Traits::kFp8;
   constexpr bool kVarMask = prefill::has_own_logits_mask<Variant, Params>();
+  constexpr bool kBounds = prefill::uses_mask_bounds<Variant, Params>();
   constexpr bool kTanhCap = kSoftmax && prefill::has_tanh_cap<Variant, Params>::value;
   constexpr bool kLinearBias = prefill::has_linear_bias<Variant, Params>::value;
   constexpr bool kVarLogits =
@@ -182,6 +183,8 @@ __device__ __forceinline__ void consume_tiles(
   constexpr bool kUnscaleFirst =
       Traits::kFp8 && (kTanhCap || kLinearBias || kVarLogits || !kSoftmax);
   constexpr bool kUnscaleFolded = Traits::kFp8 && !kUnscaleFirst;
+  // The leading run's tiles (before free_a; only with MaskBounds) also test each row's first key.
+  using LeadTag = std::conditional_t<kBounds, prefill::LeadMaskTag, std::true_type>;
   auto& k_addr = sg.k_addr;
   auto& v_addr = sg.v_addr;
   auto& full_k = sg.full_k;
@@ -240,6 +243,7 @@ __device__ __forceinline__ void consume_tiles(
   // completes).
   auto softmax_tile = [&](int32_t kt, auto mask_tag, float (&scale)[2]) {
     constexpr bool kMask = decltype(mask_tag)::value;
+    constexpr bool kLead = std::is_same<decltype(mask_tag), prefill::LeadMaskTag>::value;
     const int32_t kv0 = kt * kTileKV + int32_t(2 * quad);  // this thread's first column
     (void)kv0;
     float row_base[2] = {0.f, 0.f};
@@ -265,13 +269,28 @@ __device__ __forceinline__ void consume_tiles(
       }
     }
     if constexpr (kVarLogits || kMask) {
+      // MaskBounds: each row's keys (prefill/mask.cuh), per tile from tok rather than held
+      // across the loop (two more registers there make ptxas rebuild Q's descriptors per tile),
+      // relative to this thread's first column kv0.
+      prefill::RowKeys keys[2] = {{0, 0}, {0, 0}};
+      (void)keys;
+      if constexpr (kMask && kBounds) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const prefill::RowKeys k =
+              prefill::row_keys<MASK>(variant, params, w.batch, qo_len, kv_len, tok[h]);
+          keys[h] = {k.first - kv0, k.last - kv0};
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const int h = (i / 2) % 2;
         const int32_t kv_idx = kv0 + 8 * (i / 4) + (i % 2);
         float x = s[i];
         bool keep = true;
-        if constexpr (kMask) {
+        if constexpr (kMask && kBounds) {
+          keep = prefill::row_keys_keep<kLead>(8 * (i / 4) + (i % 2), keys[h]);
+        } else if constexpr (kMask) {
           keep = prefill::mask_keep<MASK>(kv_idx, kv_len, kv_len - qo_len + tok[h]);
           if constexpr (kVarMask) {
             keep = keep && hooks::logits_mask(variant, params, w.batch, uint32_t(tok[h]),
@@ -374,7 +393,7 @@ __device__ __forceinline__ void consume_tiles(
       if (kt_begin >= free_a && kt_begin < free_b) {
         softmax_tile(kt_begin, std::false_type{}, scale);
       } else {
-        softmax_tile(kt_begin, std::true_type{}, scale);
+        softmax_tile(kt_begin, LeadTag{}, scale);
       }
       rescale_o(scale);
       pack_p();
@@ -403,7 +422,7 @@ __device__ __forceinline__ void consume_tiles(
       pack_p();
     };
     int32_t j = 1;
-    for (; j < min(n_tiles, free_a - kt_begin); ++j) step(j, std::true_type{});
+    for (; j < min(n_tiles, free_a - kt_begin); ++j) step(j, LeadTag{});
     for (; j < min(n_tiles, free_b - kt_begin); ++j) step(j, std::false_type{});
     for (; j < n_tiles; ++j) step(j, std::true_type{});
     // ---- last P V
