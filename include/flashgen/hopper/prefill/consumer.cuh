@@ -191,11 +191,22 @@ __device__ __forceinline__ void consume_tiles(
   auto& full_v = sg.full_v;
   auto& empty_k = sg.empty_k;
   auto& empty_v = sg.empty_v;
+  // Q's descriptors (their low words: the high word is one constant). With MaskBounds, the
+  // window's keys leave ptxas a few registers short and it rebuilt the eight descriptors on
+  // every tile (32 instructions of the paged kernel's mask-free loop, 580 against default's
+  // 548); an empty asm makes each word opaque, so it is computed once and held (540, no spills).
+  uint32_t q_desc_lo[kD / 16];
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    q_desc_lo[ks] = uint32_t(desc_kmajor<kTileQ>(q_addr, ks, cw * 64));
+    if constexpr (kBounds) asm volatile("" : "+r"(q_desc_lo[ks]));
+  }
+  const uint64_t q_desc_hi = desc_kmajor<kTileQ>(q_addr, 0, cw * 64) >> 32 << 32;
   auto issue_qk = [&](uint32_t st) {
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      Mma::ss(s, desc_kmajor<kTileQ>(q_addr, ks, cw * 64), desc_kmajor<kTileKV>(k_addr(st), ks, 0),
+      Mma::ss(s, q_desc_hi | q_desc_lo[ks], desc_kmajor<kTileKV>(k_addr(st), ks, 0),
               ks > 0 ? 1u : 0u);
     }
     wg_commit();
