@@ -75,16 +75,6 @@ int fill_fp8_paged_cache(Params& p, const Args& a, const char* module) {
   return fill_fp8_cache(p, module, "paged_kv", strides, a.k_scale, a.v_scale);
 }
 
-/** Ragged k and v (their arguments' k_stride_* and v_stride_*). */
-template <typename Params, typename Args>
-int fill_fp8_ragged_cache(Params& p, const Args& a, const char* module) {
-  const NamedStride strides[] = {{"k n", a.k_stride_n},
-                                 {"k h", a.k_stride_h},
-                                 {"v n", a.v_stride_n},
-                                 {"v h", a.v_stride_h}};
-  return fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale);
-}
-
 /**
  * rope_llama with an fp8 cache: refused. Its kernels rotate 16-bit keys (the prefill's RoPE
  * pre-pass); engines rotate keys before they write the cache, so the cache never needs it.
