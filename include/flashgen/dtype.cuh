@@ -197,6 +197,27 @@ __host__ __device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32
   hi = widen2<To, Fp8>(spread2(x, true));
 }
 
+#ifdef __CUDACC__  // device helpers (tests compile the rest of this header as plain C++)
+/**
+ * An fp8 cache's products run in f16 whatever q's type (e4m3 and e5m2 widen to f16 in one
+ * instruction a pair on sm_89+, bf16 takes four): the query is multiplied by 2^shift, which
+ * brings `mx` (the largest |QueryTransform(q) * k_scale| of the rows staged together) into
+ * [2^14, 2^15), and the logits by 2^-shift. f16 then keeps every element down to 2^-28 of the
+ * largest as a normal number, with more bits than bf16 has. 0 for a zero or non-finite mx;
+ * clamped to +-100, so both powers stay normal floats. The rule of every kernel over an fp8
+ * cache (decode, both prefill backends).
+ */
+__device__ __forceinline__ int f16_shift(float mx) {
+  if (!(mx > 0.f) || !isfinite(mx)) return 0;
+  int e;
+  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
+  return max(-100, min(100, 15 - e));
+}
+
+/** 2^n exactly, for |n| <= 126 (f16_shift's powers). */
+__device__ __forceinline__ float pow2(int n) { return __int_as_float((127 + n) << 23); }
+#endif
+
 /** One fp8 byte as the bits of its `To` value (the scalar form of widen2, for tests). */
 template <typename To, typename Fp8>
 __host__ __device__ __forceinline__ uint32_t widen1(uint8_t b) {

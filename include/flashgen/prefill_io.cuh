@@ -49,24 +49,6 @@ __device__ __forceinline__ void load_query_chunks(const Params& params, Variant&
   }
 }
 
-/**
- * An fp8 cache's products run in f16 whatever q's type (e4m3 and e5m2 widen to f16 in one or
- * two instructions a pair, bf16 takes four; dtype.cuh): the query is multiplied by 2^shift, which
- * brings `mx` (the largest |QueryTransform(q) * k_scale| of the rows a warp stages) into
- * [2^14, 2^15), and the logits by 2^-shift. f16 then keeps every element down to 2^-28 of the
- * largest as a normal number, with more bits than bf16 has. 0 for a zero or non-finite mx;
- * clamped to +-100, so both powers stay normal floats.
- */
-__device__ __forceinline__ int f16_query_shift(float mx) {
-  if (!(mx > 0.f) || !isfinite(mx)) return 0;
-  int e;
-  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
-  return max(-100, min(100, 15 - e));
-}
-
-/** 2^n exactly, for |n| <= 126. */
-__device__ __forceinline__ float pow2(int n) { return __int_as_float((127 + n) << 23); }
-
 /** Split-KV partials of the whole launch: slot-major [slot][kv_head][kTileQ][head_dim] + LSE. */
 struct Partials {
   float* o;    // null: no split unit writes partials in this launch

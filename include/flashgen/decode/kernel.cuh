@@ -240,10 +240,10 @@ __device__ __forceinline__ void decode_block(const Params& params, Variant& vari
     if constexpr (kWiden) {
       const int shift = f16_query_shift<Traits::kKSteps>(qh, valid, pair, variant, params,
                                                          params.k_scale);
-      logit_scale = pow2(-shift);
+      logit_scale = fp8::pow2(-shift);
       load_query_split<DTypeMma, Traits::kKSteps, DTypeQ, Variant, Params, Times, true>(
           qh, valid, pair, variant, params, qf, qf_lo,
-          Times{params.k_scale * pow2(shift)});
+          Times{params.k_scale * fp8::pow2(shift)});
     } else {
       load_query_split<DTypeKV>(qh, valid, pair, variant, params, qf, qf_lo);
     }

@@ -81,12 +81,9 @@ __device__ __forceinline__ void load_query_split(const DTypeQ* qh, bool valid, u
 }
 
 /**
- * The power of two 2^shift that brings the largest |QueryTransform(q) * k_scale| the warp's
- * lanes read (head rows `qh`, the dims load_query_split<.., true> reads) into [2^14, 2^15): an
- * fp8 cache's products run in f16, whose range bf16's query may exceed; after the shift the
- * query's hi part keeps every bit a bf16 query has down to 2^-24 of its largest element, and
- * the logits come back exactly by 2^-shift. Every lane returns the same shift (clamped to
- * +-100, so both powers stay normal floats).
+ * fp8::f16_shift (dtype.cuh) of the largest |QueryTransform(q) * k_scale| the warp's lanes read
+ * (head rows `qh`, the dims load_query_split<.., true> reads): the power of two that puts an fp8
+ * cache's query in f16's range. Every lane returns the same shift.
  */
 template <int kKSteps, typename DTypeQ, typename Variant, typename Params>
 __device__ __forceinline__ int f16_query_shift(const DTypeQ* qh, bool valid, uint32_t pair,
@@ -106,15 +103,8 @@ __device__ __forceinline__ int f16_query_shift(const DTypeQ* qh, bool valid, uin
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  mx *= fabsf(k_scale);
-  if (!(mx > 0.f) || !isfinite(mx)) return 0;
-  int e;
-  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
-  return max(-100, min(100, 15 - e));
+  return fp8::f16_shift(mx * fabsf(k_scale));
 }
-
-/** 2^n exactly, for |n| <= 126. */
-__device__ __forceinline__ float pow2(int n) { return __int_as_float((127 + n) << 23); }
 
 }  // namespace decode
 }  // namespace flashgen

@@ -13,7 +13,7 @@
  *  - An fp8 cache (Fp8PrefillTraits): the ring streams the one-byte tiles as they are stored, and
  *    once its own copies of a tile have landed each thread widens them, exactly (dtype.cuh), into
  *    the f16 K or V tile the mma path reads, while the other copies stay in flight. The products
- *    run in f16 whatever q's type (f16_query_shift, prefill_io.cuh): each warp stages its query
+ *    run in f16 whatever q's type (fp8::f16_shift, dtype.cuh): each warp stages its query
  *    times k_scale and a power of two that brings it into f16's range, and multiplies the logits
  *    by the inverse power. v_scale multiplies the output before OutputTransform (and so every
  *    split's partial, which the merge combines as it is).
@@ -332,9 +332,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const int shift = f16_query_shift(mx * fabsf(params.k_scale));
-      q_scale = params.k_scale * pow2(shift);
-      logits_unshift = pow2(-shift);
+      const int shift = fp8::f16_shift(mx * fabsf(params.k_scale));
+      q_scale = params.k_scale * fp8::pow2(shift);
+      logits_unshift = fp8::pow2(-shift);
     }
     // Fully unrolled: all of a lane's 16-byte loads are in flight at once.
 #pragma unroll

@@ -56,16 +56,6 @@ template <typename Params>
 using MmaType = std::conditional_t<is_fp8<typename Params::DTypeKV>, half,
                                    typename Params::DTypeKV>;
 
-/** The power of two 2^shift that brings `mx` (> 0), the largest |query| of a warpgroup, into
- *  [2^14, 2^15), clamped to +-100 so that both powers stay normal floats; 0 for no query. The
- *  rule of the decode kernels' f16_query_shift (decode/query.cuh). */
-__device__ __forceinline__ int f16_shift_of(float mx) {
-  if (!(mx > 0.f) || !isfinite(mx)) return 0;
-  int e;
-  frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
-  return max(-100, min(100, 15 - e));
-}
-
 /** Q: the warpgroup's 64 rows of the block (packed row p: token p / G, query head
  *  kv_head * G + p % G), RoPE + QueryTransform in fp32, stored 128-byte-swizzled in the Q
  *  buffer (smem); ctid: the thread within the warpgroup. Ends on the warpgroup's barrier.
@@ -106,9 +96,9 @@ __device__ __forceinline__ float stage_query(const Params& params, Variant& vari
     if (ctid % 32 == 0) warp_max[ctid / 32] = mx;
     named_barrier(1 + cw, 128);
     mx = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
-    const int shift = f16_shift_of(mx * fabsf(params.k_scale));
-    q_scale = params.k_scale * decode::pow2(shift);
-    unscale = decode::pow2(-shift);
+    const int shift = fp8::f16_shift(mx * fabsf(params.k_scale));
+    q_scale = params.k_scale * fp8::pow2(shift);
+    unscale = fp8::pow2(-shift);
   }
 #pragma unroll
   for (int it = 0; it < kUnits / 128; ++it) {
