@@ -216,6 +216,16 @@ __device__ __forceinline__ int f16_shift(float mx) {
 
 /** 2^n exactly, for |n| <= 126 (f16_shift's powers). */
 __device__ __forceinline__ float pow2(int n) { return __int_as_float((127 + n) << 23); }
+
+/** The factors of an fp8 cache's f16 products: the query's (k_scale * 2^shift) and the
+ *  logits' (2^-shift), for `mx` the largest |QueryTransform(q)| of the rows staged together. */
+struct F16Scales {
+  float query, logits;
+};
+__device__ __forceinline__ F16Scales f16_scales(float mx, float k_scale) {
+  const int shift = f16_shift(mx * fabsf(k_scale));
+  return {k_scale * pow2(shift), pow2(-shift)};
+}
 #endif
 
 /** One fp8 byte as the bits of its `To` value (the scalar form of widen2, for tests). */

@@ -37,6 +37,13 @@ FLASHGEN_MUFU(ptx_tanh, "tanh.approx.f32")
 /** tanh(x) to full float precision; costs a few more instructions than ptx_tanh. */
 __device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }
 
+/** The largest x of the warp's 32 lanes, in every lane. */
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
 }  // namespace math
 }  // namespace flashgen
 

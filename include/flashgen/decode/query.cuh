@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "flashgen/dtype.cuh"
+#include "flashgen/math.cuh"
 #include "flashgen/ptx_sm80.cuh"
 #include "flashgen/variant_hooks.cuh"
 
@@ -101,9 +102,7 @@ __device__ __forceinline__ int f16_query_shift(const DTypeQ* qh, bool valid, uin
       }
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  return fp8::f16_shift(mx * fabsf(k_scale));
+  return fp8::f16_shift(math::warp_max(mx) * fabsf(k_scale));
 }
 
 }  // namespace decode

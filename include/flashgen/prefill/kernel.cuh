@@ -330,11 +330,9 @@ __global__ void __launch_bounds__(Traits::kThreads, Traits::kMinCtas)
 #pragma unroll
         for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
       }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const int shift = fp8::f16_shift(mx * fabsf(params.k_scale));
-      q_scale = params.k_scale * fp8::pow2(shift);
-      logits_unshift = fp8::pow2(-shift);
+      const fp8::F16Scales f = fp8::f16_scales(math::warp_max(mx), params.k_scale);
+      q_scale = f.query;
+      logits_unshift = f.logits;
     }
     // Fully unrolled: all of a lane's 16-byte loads are in flight at once.
 #pragma unroll

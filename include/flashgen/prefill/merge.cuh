@@ -57,8 +57,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     float mx = -math::inf;
     if constexpr (kSoftmax) {
       for (uint32_t s = lane; s < w.splits; s += 32) mx = fmaxf(mx, part.lse[row + s * slot_stride]);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, off));
+      mx = math::warp_max(mx);
     }
     lse::Merge<kSoftmax> mg(mx);  // the lanes' shares of the denominator, then their sum
     for (uint32_t s = lane; s < w.splits; s += 32) mg.add(part.lse[row + s * slot_stride]);

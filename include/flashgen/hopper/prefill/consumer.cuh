@@ -90,15 +90,14 @@ __device__ __forceinline__ float stage_query(const Params& params, Variant& vari
 #pragma unroll
       for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float* const warp_max = reinterpret_cast<float*>(smem + Traits::kFp8ScratchOffset) + 4 * cw;
-    if (ctid % 32 == 0) warp_max[ctid / 32] = mx;
+    mx = math::warp_max(mx);
+    float* const warp_maxes = reinterpret_cast<float*>(smem + Traits::kFp8ScratchOffset) + 4 * cw;
+    if (ctid % 32 == 0) warp_maxes[ctid / 32] = mx;
     named_barrier(1 + cw, 128);
-    mx = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
-    const int shift = fp8::f16_shift(mx * fabsf(params.k_scale));
-    q_scale = params.k_scale * fp8::pow2(shift);
-    unscale = fp8::pow2(-shift);
+    mx = fmaxf(fmaxf(warp_maxes[0], warp_maxes[1]), fmaxf(warp_maxes[2], warp_maxes[3]));
+    const fp8::F16Scales f = fp8::f16_scales(mx, params.k_scale);
+    q_scale = f.query;
+    unscale = f.logits;
   }
 #pragma unroll
   for (int it = 0; it < kUnits / 128; ++it) {
