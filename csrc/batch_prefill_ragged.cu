@@ -3,7 +3,7 @@
  * along tokens (int32 qo_indptr / kv_indptr on the device), over the kernels of
  * include/flashgen/prefill/. Lengths are read on the device only, so a captured call replays
  * with new lengths. The kv_dtype axis: k and v in q's dtype, or fp8 (fp8_cache.cuh) scaled by
- * k_scale and v_scale, which the portable kernel widens as it reads (both backends' instances).
+ * k_scale and v_scale, which each backend's kernels widen as they read.
  */
 #include <flashgen_instance.cuh>
 

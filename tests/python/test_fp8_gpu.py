@@ -3,8 +3,7 @@
 dequantized cache (``cache.float() * scale``): test_api_gpu's for decode, test_prefill_gpu's and
 test_sinks_gpu's for prefill. bf16 and f16 q, head_dim 64/128/256, page sizes 1, 16, 32 and 64,
 NHD and HND, k_scale and v_scale not 1, GQA 32/8, every built-in variant, causal and not, both
-prefill backends (``backend=``: the sm90 instances run the portable kernel over fp8 until the
-Hopper kernels read it), return_lse, split-KV shapes (a few long requests), and the refusals.
+prefill backends (``backend=``: portable, and sm90 on an sm_90 device), return_lse, split-KV shapes (a few long requests), and the refusals.
 The fp8 instances are not precompiled: the first call of each compiles it (JIT); the module
 builds every instance it calls first, in parallel. Skips without torch, a CUDA device or torch's
 fp8 dtypes.
