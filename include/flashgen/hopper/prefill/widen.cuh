@@ -61,21 +61,22 @@ __device__ __forceinline__ void widen_tile(const uint8_t* src, uint8_t* dst, uin
   const uint32_t lo_off = ((2 * q) ^ phase) << 4, hi_off = ((2 * q + 1) ^ phase) << 4;
   src += wtid * 16;
   dst += (wtid / 4) * 128;
-  // Software-pipelined by one unit: the next unit's load is in flight while this one widens.
-  uint4 next = *reinterpret_cast<const uint4*>(src);
-#pragma unroll 1
-  for (uint32_t i = wtid; i < kUnits; i += kThreads) {
-    const uint4 x = next;
-    if (i + kThreads < kUnits) next = *reinterpret_cast<const uint4*>(src + kThreads * 16);
-    uint4 y0, y1;
-    fp8::widen4<To, Fp8>(x.x, y0.x, y0.y);
-    fp8::widen4<To, Fp8>(x.y, y0.z, y0.w);
-    fp8::widen4<To, Fp8>(x.z, y1.x, y1.y);
-    fp8::widen4<To, Fp8>(x.w, y1.z, y1.w);
-    *reinterpret_cast<uint4*>(dst + lo_off) = y0;
-    *reinterpret_cast<uint4*>(dst + hi_off) = y1;
-    src += kThreads * 16;
-    dst += kThreads / 4 * 128;
+  // Unrolled whole: every unit's addresses are the thread's base plus constants, so a unit
+  // costs its load, eight conversions and two stores (the issue slots these warps take are
+  // their SM sub-partitions' consumers' too).
+  constexpr uint32_t kIters = (kUnits + kThreads - 1) / kThreads;
+#pragma unroll
+  for (uint32_t j = 0; j < kIters; ++j) {
+    if (kUnits % kThreads == 0 || j + 1 < kIters || wtid + j * kThreads < kUnits) {
+      const uint4 x = *reinterpret_cast<const uint4*>(src + j * kThreads * 16);
+      uint4 y0, y1;
+      fp8::widen4<To, Fp8>(x.x, y0.x, y0.y);
+      fp8::widen4<To, Fp8>(x.y, y0.z, y0.w);
+      fp8::widen4<To, Fp8>(x.z, y1.x, y1.y);
+      fp8::widen4<To, Fp8>(x.w, y1.z, y1.w);
+      *reinterpret_cast<uint4*>(dst + j * (kThreads / 4) * 128 + lo_off) = y0;
+      *reinterpret_cast<uint4*>(dst + j * (kThreads / 4) * 128 + hi_off) = y1;
+    }
   }
 }
 
