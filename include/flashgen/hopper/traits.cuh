@@ -15,11 +15,11 @@
  *
  * An fp8 cache (KV_BYTES 1): the copies land in a ring of kFp8Stages one-byte tiles ("staging",
  * laid out as the copies write them: per 64-column block, rows of 64 bytes, no swizzle), and
- * the producer warpgroup's widening warps (warps 2 and 3, or 1 to 3 beside paged TMA copies:
- * hopper_widen_warps) widen each into the 16-bit stages the consumers' wgmma reads (wgmma has no
- * 16-bit x fp8 form). The copies keep warp 0 and, with the gather (64 threads) or the dynamic
- * order's scheduler thread, warp 1; the producer's registers rise from 24 to 32, the rest of
- * the CTA's 64K that the consumers leave.
+ * the producer warpgroup's widening warps (warps 1 to 3, or 2 and 3 beside the page-size-1
+ * gather: hopper_widen_warps) widen each into the 16-bit stages the consumers' wgmma reads
+ * (wgmma has no 16-bit x fp8 form). The copies keep warp 0 and, with the gather (64 threads),
+ * warp 1; the producer's registers rise from 24 to 32, the rest of the CTA's 64K that the
+ * consumers leave.
  */
 #pragma once
 

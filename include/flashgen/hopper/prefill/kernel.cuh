@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   BlockSlot* const ring = reinterpret_cast<BlockSlot*>(smem + Traits::kSchedOffset + 32);
   static_assert(sizeof(BlockSlot) <= Traits::kBlockSlotBytes, "ring slot");
   constexpr bool kDynamic =
-      hopper_dynamic_order<std::is_same<Sched, prefill::BatchSched>::value, PAGE_SIZE>();
+      hopper_dynamic_order<std::is_same<Sched, prefill::BatchSched>::value, PAGE_SIZE,
+                           Traits::kFp8>();
 
   const uint32_t tid = threadIdx.x;
   const uint32_t wg = tid / 128;

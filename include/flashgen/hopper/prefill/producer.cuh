@@ -322,6 +322,7 @@ __device__ __forceinline__ void run_producer(
   }
   if constexpr (Traits::kFp8) {
     static_assert(!kRope, "an fp8 cache has no RoPE pre-pass: keys are rotated before caching");
+    static_assert(!kDynamic, "an fp8 cache takes a static order: warp 1 may widen");
     constexpr int kWidenWarps = hopper_widen_warps<Traits::kTileKV, PAGE_SIZE>();
     if (tid >= 32 * (4 - kWidenWarps)) {
       run_widener<Traits, kWidenWarps, half, typename Params::DTypeKV>(

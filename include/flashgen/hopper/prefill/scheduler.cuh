@@ -42,10 +42,12 @@ struct BlockSlot {
  *  the grid and has the prep kernel zero the counter accordingly). Batch kernels over
  *  contiguous K/V only: single prefill has no prep kernel to zero the counter (a memset node
  *  costs short calls more than the order gains), and in paged kernels reading the ring spills
- *  the 24-register copy warp. */
-template <bool BATCH, int PAGE_SIZE>
+ *  the 24-register copy warp. Not over an fp8 cache: the scheduler thread would keep warp 1
+ *  from widening (storage.cuh's hopper_widen_warps), and a third widening warp gains more
+ *  than the order does (benches/NOTES-hopper.md). */
+template <bool BATCH, int PAGE_SIZE, bool FP8>
 __host__ __device__ constexpr bool hopper_dynamic_order() {
-  return BATCH && PAGE_SIZE == 0;
+  return BATCH && PAGE_SIZE == 0 && !FP8;
 }
 
 /** The scheduler thread of the dynamic order: plans and publishes every round's block in the

@@ -39,12 +39,12 @@ __host__ __device__ constexpr bool hopper_paged_tma() {
 constexpr int kFp8GatherThreads = 64;
 
 /** fp8: the producer warps that widen the staged tiles, the last ones of warpgroup 0: those that
- *  issue no copies and schedule nothing. Paged TMA copies are issued by warp 0 alone, which
- *  leaves warps 1 to 3; the gather takes warps 0 and 1 and the dense copies warp 0 and, in the
- *  dynamic order, the scheduler thread of warp 1, which leaves warps 2 and 3. */
+ *  issue no copies. The gather takes warps 0 and 1, which leaves warps 2 and 3; paged TMA boxes
+ *  (warp 0) and dense copies (thread 0) leave warps 1 to 3. An fp8 kernel takes a static block
+ *  order (scheduler.cuh's hopper_dynamic_order), so no scheduler thread holds warp 1. */
 template <int TILE_KV, int PAGE_SIZE>
 __host__ __device__ constexpr int hopper_widen_warps() {
-  return hopper_paged_tma<TILE_KV, PAGE_SIZE>() ? 3 : 2;
+  return PAGE_SIZE > 0 && !hopper_paged_tma<TILE_KV, PAGE_SIZE>() ? 2 : 3;
 }
 
 template <typename Traits>

@@ -9,8 +9,8 @@
  * warpgroups are the critical path (their GEMMs and softmax already fill the tensor cores and
  * the issue slots of their warps), so widening there would lengthen every tile; the
  * copy-issuing threads must stay free to issue the next tile's copies (one thread, or one warp,
- * or the gather's page lookups). The producer warps that issue nothing (warps 2 and 3; also
- * warp 1 where the copies are paged TMA boxes from warp 0) widen tile g while the copies of
+ * or the gather's page lookups). The producer warps that issue nothing (warps 1 to 3; 2 and 3
+ * beside the page-size-1 gather) widen tile g while the copies of
  * tile g + 1 fly and the consumers run tile g - 1, each on its own SM sub-partition, so the
  * ring stays as full as with a 16-bit cache as long as a tile's widening is shorter than a
  * tile's GEMMs. The conversion is dtype.cuh's fp8::widen4, exact: on sm_90 e4m3 -> f16 is the
