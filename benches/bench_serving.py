@@ -11,6 +11,7 @@ query heads over 8 KV heads, median of --iters runs, the L2 flushed before each)
                                                      goal: >= 1.8x bf16, >= 90 % of the ceiling
           the paged batch above (page 16) with an fp8_e4m3 cache against bf16, on the backend
           the loader picks and on the portable one  goal: within 10 % of bf16
+          the same requests ragged (q, k, v packed), fp8_e4m3 k and v against bf16 (no goal)
 
     python3 benches/bench_serving.py [pages] [sinks] [fp8] [--iters N] [--json PATH]
 
@@ -79,6 +80,23 @@ def prefill_call(page_size: int, gen: torch.Generator, fp8: Any = None, **kw: An
 
     def call(**more: Any) -> Any:
         return flashgen.batch_prefill_paged(q, qo, cache, indptr, indices, last, causal=True, out=o, **(kw | more))
+
+    return call
+
+
+def ragged_call(gen: torch.Generator, fp8: Any = None, **kw: Any) -> Callable[..., Any]:
+    """The same 16 requests with q, k and v packed along tokens (``flashgen.batch_prefill``);
+    ``fp8``: k and v stored in that type, as in prefill_call."""
+    lens = torch.tensor([0] + torch.tensor(PREFILL_LENS).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    q = torch.randn(sum(PREFILL_LENS), HQ, D, device=DEV, dtype=DT, generator=gen)
+    k, v = (torch.randn(sum(PREFILL_LENS), HKV, D, device=DEV, dtype=DT, generator=gen) for _ in range(2))
+    if fp8 is not None:
+        k, v = (k * 0.25).to(fp8), (v * 0.25).to(fp8)
+        kw = {**kw, "k_scale": 4.0, "v_scale": 4.0}
+    o = torch.empty_like(q)
+
+    def call(**more: Any) -> Any:
+        return flashgen.batch_prefill(q, lens, k, v, lens, causal=True, out=o, **(kw | more))
 
     return call
 
@@ -193,6 +211,13 @@ def bench_fp8(timer: Timer, gen: torch.Generator) -> None:
         row(f"batch_prefill_paged 16 x 512..4096 page 16 fp8_e4m3{on}", t8,
             f"{flops / t8 / 1e12:.1f} TFLOP/s {ext}", "within 10 % of bf16" if backend is None else "",
             met if backend is None else "", backend=backend or "default", vs_bf16=t8 / t16)
+        torch.cuda.empty_cache()
+        t16 = timer(ragged_call(gen, backend=backend))
+        t8 = timer(ragged_call(gen, fp8, backend=backend))
+        row(f"batch_prefill (ragged) 16 x 512..4096 bf16{on}", t16, f"{flops / t16 / 1e12:.1f} TFLOP/s")
+        row(f"batch_prefill (ragged) 16 x 512..4096 fp8_e4m3{on}", t8,
+            f"{flops / t8 / 1e12:.1f} TFLOP/s {within(t8, t16, 10.0)[0]}", backend=backend or "default",
+            ragged=True, vs_bf16=t8 / t16)
         torch.cuda.empty_cache()
 
 
