@@ -52,7 +52,7 @@ measure() {  # NAME, then the compile's input arguments
 measure "one-line kernel" -c "$W/one_line.cu"
 for uri in single_decode_dtype_bf16_head_dim_128_pos_encoding_none_variant_default_backend_portable \
            batch_decode_dtype_bf16_head_dim_128_page_size_16_pos_encoding_none_variant_default_kv_dtype_same \
-           single_prefill_dtype_bf16_head_dim_128_mask_causal_pos_encoding_none_variant_default_backend_portable; do
+           single_prefill_dtype_bf16_head_dim_128_mask_causal_pos_encoding_none_variant_default_backend_portable_kv_dtype_same; do
   (cd "$W/gen" && measure "${uri%%_dtype*}" -I"$uri" -I"$ROOT/include" -c "$ROOT/csrc/${uri%%_dtype*}.cu")
 done
 "$SCCACHE" --show-stats | grep -E '^Cache (hits|misses) +[0-9]+$' || true

@@ -61,10 +61,7 @@ struct BatchPrefillRagged {
       if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
       prefill::fill_contiguous_kv(p, a);
       if constexpr (is_fp8<DTypeKV>) {
-        const NamedStride strides[] = {{"k n", a.k_stride_n}, {"k h", a.k_stride_h},
-                                       {"v n", a.v_stride_n}, {"v h", a.v_stride_h}};
-        const char* module = "batch_prefill_ragged";
-        if (int st = fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale)) return st;
+        if (int st = fill_fp8_contiguous_kv(p, a, "batch_prefill_ragged")) return st;
       }
       prefill::fill_packed_batch(p, a);
       p.kv_indptr = a.kv_indptr;

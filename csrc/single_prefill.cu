@@ -1,10 +1,12 @@
 /**
  * @brief single_prefill: the C entry points of one request's prefill (qo_len queries over kv_len
- * keys), over the kernels of include/flashgen/prefill/.
+ * keys), over the kernels of include/flashgen/prefill/. The kv_dtype axis: k and v in q's dtype,
+ * or fp8 (fp8_cache.cuh) scaled by k_scale and v_scale, as in batch_prefill_ragged.
  */
 #include <flashgen_instance.cuh>
 
 #include "flashgen/entry.cuh"
+#include "flashgen/fp8_cache.cuh"
 #include "flashgen/params.cuh"
 #include "flashgen/prefill/args.cuh"
 #include "flashgen/prefill/backends.cuh"
@@ -32,20 +34,38 @@ struct SinglePrefill {
   }
 
   /** One instance: its params struct and its backend's kernels for its variant. */
-  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND>
+  template <typename DType, int HEAD_DIM, int MASK, int POS, typename Tag, int BACKEND, int KV>
   struct Instance {
-    using Params = SinglePrefillParams<DType, DType, DType>;
+    using DTypeKV = CacheType<DType, KV>;
+    using Params = SinglePrefillParams<DType, DTypeKV, DType>;
     using Backend = PrefillBackend<BACKEND, Tag>;
+    // RoPE rotates 16-bit keys only (fp8_cache.cuh).
+    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
 
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      return Backend::template single_workspace_bytes<HEAD_DIM, POS, Params>(
-          a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+      if constexpr (kRopeOfFp8) {
+        return 0;
+      } else {
+        return Backend::template single_workspace_bytes<HEAD_DIM, POS, Params>(
+            a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
+      }
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
+      if constexpr (kRopeOfFp8) {
+        return refuse_rope_of_fp8("single_prefill", KV);
+      } else {
+        return run_kernels(a, dev);
+      }
+    }
+
+    static int run_kernels(const Args& a, const DeviceInfo& dev) {
       Params p;
       if (int st = prefill::start_params(p, a, "single_prefill")) return st;
       prefill::fill_contiguous_kv(p, a);
+      if constexpr (is_fp8<DTypeKV>) {
+        if (int st = fill_fp8_contiguous_kv(p, a, "single_prefill")) return st;
+      }
       p.qo_len = static_cast<uint32_t>(a.qo_len);
       p.kv_len = static_cast<uint32_t>(a.kv_len);
       return Backend::template launch_single<HEAD_DIM, MASK, POS>(
@@ -57,4 +77,4 @@ struct SinglePrefill {
 }  // namespace
 
 FLASHGEN_DEFINE_ENTRY_POINTS(single_prefill, SinglePrefill, FG_dtype, FG_head_dim, FG_mask,
-                             FG_pos_encoding, FG_variant, FG_backend)
+                             FG_pos_encoding, FG_variant, FG_backend, FG_kv_dtype)

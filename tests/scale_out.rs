@@ -169,7 +169,10 @@ fn so_bytes_do_not_depend_on_where_the_sources_are() {
     let modules: [(&str, &[&str]); 6] = [
         ("single_decode", &["backend=sm90"]),
         ("batch_decode", &["page_size=16", "kv_dtype=same"]),
-        ("single_prefill", &["mask=causal", "backend=portable"]),
+        (
+            "single_prefill",
+            &["mask=causal", "backend=portable", "kv_dtype=same"],
+        ),
         (
             "batch_prefill_ragged",
             &["mask=causal", "backend=sm90", "kv_dtype=same"],

@@ -1,6 +1,6 @@
 /**
  * @brief The kv_dtype axis of the modules that read an fp8 KV cache (batch_decode,
- * batch_prefill_paged, batch_prefill_ragged), host side: the cache's element type of a kv_dtype
+ * batch_prefill_paged, batch_prefill_ragged, single_prefill), host side: the cache's element type of a kv_dtype
  * code, the conditions of an fp8 call and its scales, and the refusal of rope_llama with an fp8
  * cache. Include after <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes).
  */
@@ -63,6 +63,17 @@ int fill_fp8_cache(Params& p, const char* module, const char* tensor,
   p.k_scale = k_scale;
   p.v_scale = v_scale;
   return FLASHGEN_OK;
+}
+
+/** The contiguous k and v of single_prefill and batch_prefill_ragged (their arguments'
+ *  k_stride_* and v_stride_*). */
+template <typename Params, typename Args>
+int fill_fp8_contiguous_kv(Params& p, const Args& a, const char* module) {
+  const NamedStride strides[] = {{"k n", a.k_stride_n},
+                                 {"k h", a.k_stride_h},
+                                 {"v n", a.v_stride_n},
+                                 {"v h", a.v_stride_h}};
+  return fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale);
 }
 
 /** The paged cache of batch_decode and batch_prefill_paged (their arguments' kv_stride_*). */

@@ -102,10 +102,10 @@ struct BatchDecodeParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_>, KVScales<DTyp
  * Prefill params. Positions for RoPE: query i of a request sits at kv_len - qo_len + i (plus the
  * request's q_rope_offset), key j at j (plus kv_rope_offset); the offset arrays may be null (0).
  * Strides in elements; the head dimension is contiguous. o has q's shape, lse (optional) is
- * float32 [q tokens, num_qo_heads], natural log.
+ * float32 [q tokens, num_qo_heads], natural log. k and v in q's dtype or an fp8 one (KVScales).
  */
 template <typename DTypeQ_, typename DTypeKV_, typename DTypeO_>
-struct SinglePrefillParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_> {
+struct SinglePrefillParams : ParamsBase<DTypeQ_, DTypeKV_, DTypeO_>, KVScales<DTypeKV_> {
   const DTypeQ_* q;   // [qo_len, num_qo_heads, head_dim] through q_stride_n / q_stride_h
   const DTypeKV_* k;  // [kv_len, num_kv_heads, head_dim] (NHD) or HND, through strides
   const DTypeKV_* v;

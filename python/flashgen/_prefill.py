@@ -15,8 +15,8 @@ their output is 0 and their LSE -inf. A request with ``kv_len == 0`` gets the sa
 angle ``(pos / rope_scale) * rope_theta ** (-2i / head_dim)``), at the positions above plus the
 request's ``q_rope_offset`` / ``kv_rope_offset`` where given.
 
-The two batch functions read K/V in q's dtype or in fp8 (their ``kv_dtype`` axis, _fp8) with
-per-tensor ``k_scale`` / ``v_scale``, as ``batch_decode`` does.
+All three read K/V in q's dtype or in fp8 (their ``kv_dtype`` axis, _fp8) with per-tensor
+``k_scale`` / ``v_scale``, as ``batch_decode`` does.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_sc
 
 def _cache_options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any,
                    k_scale: Any = 1.0, v_scale: Any = 1.0) -> dict[str, Any]:
-    """The batch functions' options: those of ``_options`` and an fp8 cache's scales."""
+    """The functions' options: those of ``_options`` and an fp8 cache's scales."""
     return {**_options(what, causal, pos_encoding, rope_theta, rope_scale),
             **_fp8.scale_options(what, k_scale, v_scale)}
 
@@ -52,10 +52,10 @@ def _cache_options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, r
 SINGLE_PREFILL = Spec(
     name="single_prefill",
     module="single_prefill",
-    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("k", _KV), T("v", _KV)),
+    inputs=(T("q", {"*": ("Tq", "Hq", "D")}), T("k", _KV, kind="cache"), T("v", _KV, kind="cache")),
     out=("Tq", "Hq", "D"),
     lse=("Tq", "Hq"),
-    axes=_AXES,
+    axes={**_AXES, "kv_dtype": "@k"},
     fields={
         "qo_len": "Tq", "kv_len": "L", "num_qo_heads": "Hq", "num_kv_heads": "Hk", "head_dim": "D",
         "q_stride_n": Stride("q", "Tq"), "q_stride_h": Stride("q", "Hq"),
@@ -63,7 +63,8 @@ SINGLE_PREFILL = Spec(
         "v_stride_n": Stride("v", "L"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa,),
-    options=_options,
+    options=_cache_options,
+    check_params=_fp8.check_cache_call,
 )
 
 _OFFSETS = (T("q_rope_offset", {"*": ("B",)}, kind="i32", optional=True),
@@ -126,6 +127,8 @@ def single_prefill(
     rope_theta: float = 1e4,
     rope_scale: float = 1.0,
     backend: str | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     **variant_params: Any,
 ) -> Output:
     """Attention of ``qo_len`` queries over one request's KV (see the module docstring for the
@@ -136,18 +139,21 @@ def single_prefill(
             dimension contiguous (other strides are free).
         k, v: ``[kv_len, num_kv_heads, head_dim]`` (``kv_layout="NHD"``) or
             ``[num_kv_heads, kv_len, head_dim]`` (``"HND"``); ``num_qo_heads`` must be a multiple
-            of ``num_kv_heads``.
+            of ``num_kv_heads``. Their dtype is ``q``'s, or both one fp8 type
+            (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``; strides then multiples of 16
+            elements; not with ``pos_encoding="rope_llama"``).
         causal: mask key j for query i unless ``j <= kv_len - qo_len + i``.
         pos_encoding: ``"none"`` or ``"rope_llama"`` (with ``rope_theta``, ``rope_scale``).
         variant, sm_scale, backend, variant_params: as in ``single_decode``.
         return_lse: also return the float32 ``[qo_len, num_qo_heads]`` log-sum-exp (natural log).
         out: optional output tensor shaped and typed like ``q``.
+        k_scale, v_scale: fp8 k and v's per-tensor scales, as in ``batch_decode``.
 
     Returns:
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     return _op.call(SINGLE_PREFILL, (q, k, v), out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale), variant_params,
+                    (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
                     backend)
 
 

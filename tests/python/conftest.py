@@ -340,8 +340,7 @@ FAKE_MATRIX: dict[str, Any] = {
             {"name": "mask", "type": "enum", "values": ["none", "causal"]},
             {"name": "pos_encoding", "type": "enum", "values": ["none", "rope_llama"]},
             {"name": "variant", "type": "variant", "values": ["default", "soft_cap", "alibi", "sliding_window", "attention_sink"]},
-            *([] if mod == "single_prefill" else
-              [{"name": "kv_dtype", "type": "enum", "values": ["same", "fp8_e4m3", "fp8_e5m2"]}]),
+            {"name": "kv_dtype", "type": "enum", "values": ["same", "fp8_e4m3", "fp8_e5m2"]},
         ]} for mod in ("single_prefill", "batch_prefill_ragged", "batch_prefill_paged")},
         "merge_state": {"entry_points": [], "axes": [  # no variant axis, no backend axis
             {"name": "dtype", "type": "dtype", "values": ["f16", "bf16"]},

@@ -1,4 +1,4 @@
-"""batch_decode, batch_prefill_paged and batch_prefill (ragged) over an fp8 KV cache
+"""batch_decode, batch_prefill_paged, batch_prefill (ragged) and single_prefill over an fp8 KV cache
 (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``) on a GPU, against the fp32 references on the
 dequantized cache (``cache.float() * scale``): test_api_gpu's for decode, test_prefill_gpu's and
 test_sinks_gpu's for prefill. bf16 and f16 q, head_dim 64/128/256, page sizes 1, 16, 32 and 64,
@@ -189,7 +189,7 @@ def prefill_key(kind: str, dtype: str, fp8: str, head_dim: int, page_size: int |
     if kind == "paged":
         params["page_size"] = page_size
         return "batch_prefill_paged", params
-    return "batch_prefill_ragged", params
+    return ("single_prefill" if kind == "single" else "batch_prefill_ragged"), params
 
 
 # The cases of the tests below (kind, dtype, fp8, head_dim, page_size, variant, causal, backend).
@@ -202,10 +202,18 @@ VARIANT_CASES = [(k, d, f, 128, 16 if k == "paged" else None, v, True, b) for k 
                  for b in PREFILL_BACKENDS]
 HEAD_DIM_CASES = [(k, "bf16", f, h, 16 if k == "paged" else None, "default", True, "portable")
                   for k in ("paged", "ragged") for f in FP8 for h in (64, 256)]
+SINGLE_CASES = ([("single", d, f, 128, None, "default", c, b) for d, f in (("bf16", "fp8_e4m3"), ("f16", "fp8_e5m2"))
+                 for c in (True, False) for b in PREFILL_BACKENDS]
+                + [("single", "bf16", "fp8_e4m3", 128, None, v, True, b)
+                   for v in ("soft_cap", "sliding_window", "attention_sink") for b in PREFILL_BACKENDS]
+                + [("single", "bf16", "fp8_e5m2", h, None, "default", True, "portable") for h in (64, 256)])
+# single_prefill's request: a chunk of queries over a longer history.
+SINGLE_REQS = [(300, 1000)]
 
 
 def prefill_instances() -> list[tuple[str, dict[str, object]]]:
-    keys = {repr(prefill_key(*c)): prefill_key(*c) for c in PAGE_CASES + RAGGED_CASES + VARIANT_CASES + HEAD_DIM_CASES}
+    cases = PAGE_CASES + RAGGED_CASES + VARIANT_CASES + HEAD_DIM_CASES + SINGLE_CASES
+    keys = {repr(prefill_key(*c)): prefill_key(*c) for c in cases}
     keys.update({repr(k): k for k in (prefill_key("paged", "bf16", "same", 128, 16, "default", True, "portable"),
                                       prefill_key("ragged", "bf16", "same", 128, None, "default", False, "portable"))})
     if not SM90:
@@ -226,11 +234,13 @@ def fp8_ragged(kv_lens: list[int], head_dim: int, f8: Any, gen: Any) -> tuple[An
 
 def run_fp8_prefill(kind: str, dtype: str, fp8: str, head_dim: int, page_size: int | None, variant: str,
                     causal: bool, backend: str, layout: str = "NHD",
-                    reqs: list[tuple[int, int]] = PREFILL_REQS, k_scale: float = K_SCALE,
+                    reqs: list[tuple[int, int]] | None = None, k_scale: float = K_SCALE,
                     v_scale: float = V_SCALE) -> tuple[Any, Any]:
-    """One batch prefill call over an fp8 cache, each request checked against the fp32 reference
-    on the dequantized K/V (k_scale and v_scale applied); returns (o, lse)."""
+    """One prefill call over an fp8 cache (``kind``: paged, ragged or single), each request
+    checked against the fp32 reference on the dequantized K/V (k_scale and v_scale applied);
+    returns (o, lse)."""
     need(backend)
+    reqs = reqs or (SINGLE_REQS if kind == "single" else PREFILL_REQS)
     what = f"{kind} {dtype} q, {fp8} cache, d{head_dim} ps{page_size} {variant} causal={causal} {backend} {layout}"
     seed = zlib.crc32(f"{what} {reqs} {k_scale} {v_scale}".encode())
     gen = torch.Generator(device=DEV).manual_seed(seed)
@@ -253,7 +263,11 @@ def run_fp8_prefill(kind: str, dtype: str, fp8: str, head_dim: int, page_size: i
         k, v = fp8_ragged(kv_lens, head_dim, f8, gen)
         kv_indptr = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
         lay = (lambda x: x) if layout == "NHD" else (lambda x: x.transpose(0, 1).contiguous())
-        o, lse = flashgen.batch_prefill(q, qo_indptr, lay(k), lay(v), kv_indptr, **kw)
+        if kind == "single":
+            assert len(reqs) == 1, "single_prefill takes one request"
+            o, lse = flashgen.single_prefill(q, lay(k), lay(v), **kw)
+        else:
+            o, lse = flashgen.batch_prefill(q, qo_indptr, lay(k), lay(v), kv_indptr, **kw)
         per = [(k[a:b].float(), v[a:b].float()) for a, b in zip(kv_indptr[:-1].tolist(), kv_indptr[1:].tolist())]
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (sum(qo_lens), NUM_QO)
     sm_scale = 1.0 / math.sqrt(head_dim)
@@ -269,25 +283,25 @@ def run_fp8_prefill(kind: str, dtype: str, fp8: str, head_dim: int, page_size: i
     return o, lse
 
 
-@pytest.mark.parametrize("case", PAGE_CASES + RAGGED_CASES + VARIANT_CASES + HEAD_DIM_CASES, ids=repr)
+@pytest.mark.parametrize("case", PAGE_CASES + RAGGED_CASES + VARIANT_CASES + HEAD_DIM_CASES + SINGLE_CASES, ids=repr)
 def test_fp8_prefill(case: tuple[Any, ...]) -> None:
-    """Every page size, ragged, every variant, head_dim 64 and 256 (the case lists above)."""
+    """Every page size, ragged, every variant, head_dim 64 and 256, single (the case lists above)."""
     run_fp8_prefill(*case)
 
 
-@pytest.mark.parametrize("kind", ["paged", "ragged"])
+@pytest.mark.parametrize("kind", ["paged", "ragged", "single"])
 def test_fp8_prefill_hnd(kind: str) -> None:
     run_fp8_prefill(kind, "bf16", "fp8_e4m3", 128, 16 if kind == "paged" else None, "default", True, "portable",
                     layout="HND")
 
 
 @pytest.mark.parametrize("backend", PREFILL_BACKENDS)
-@pytest.mark.parametrize("kind", ["paged", "ragged"])
+@pytest.mark.parametrize("kind", ["paged", "ragged", "single"])
 def test_fp8_prefill_split_kv(kind: str, backend: str) -> None:
-    # Two long requests with a few queries: few work units, so the plan splits the KV and the
+    # Long requests with a few queries: few work units, so the plan splits the KV and the
     # merge combines partials that already carry v_scale.
     ps = 16 if kind == "paged" else None
-    reqs = [(16, 8192), (3, 5003)]
+    reqs = [(16, 8192)] if kind == "single" else [(16, 8192), (3, 5003)]
     run_fp8_prefill(kind, "bf16", "fp8_e4m3", 128, ps, "default", True, backend, reqs=reqs, k_scale=0.3, v_scale=2.5)
     run_fp8_prefill(kind, "bf16", "fp8_e5m2", 128, ps, "soft_cap", True, backend, reqs=reqs, k_scale=0.3, v_scale=2.5)
 
@@ -329,6 +343,9 @@ def test_fp8_prefill_refusals() -> None:
                                          "fp8 KV cache"):
         flashgen.batch_prefill_paged(q, qo_indptr, cache, indptr, indices, last, pos_encoding="rope_llama")
     k, v = fp8_ragged([40], 128, torch.float8_e5m2, gen)
+    with pytest.raises(ValueError, match="single_prefill: pos_encoding='rope_llama' is not supported with an "
+                                         "fp8 KV cache"):
+        flashgen.single_prefill(q, k, v, pos_encoding="rope_llama")
     kv_indptr = torch.tensor([0, 40], dtype=torch.int32, device=DEV)
     with pytest.raises(TypeError, match="batch_prefill: k and v must share one dtype"):
         flashgen.batch_prefill(q, qo_indptr, k, v.to(torch.bfloat16), kv_indptr)

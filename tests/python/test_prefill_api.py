@@ -50,6 +50,15 @@ def test_valid_calls_without_a_driver_are_a_clear_error(fake_matrix: Any) -> Non
             call()
 
 
+@needs_no_driver
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_single_prefill_passes_validation(fake_matrix: Any, kv_dtype: str) -> None:
+    # Every check passes (k's kv_dtype finds an instance); only the missing driver stops it.
+    k, v = (FakeCudaTensor((300, 8, 128), kv_dtype) for _ in range(2))
+    with pytest.raises(NoGPUError, match="no CUDA driver"):
+        _sp(k=k, v=v, causal=True, k_scale=0.5, v_scale=3)
+
+
 @pytest.mark.parametrize("kw, exc, match", [
     ({"q": FakeCudaTensor((32, 128))}, ValueError, r"q must be 3-D \[total_q, num_qo_heads, head_dim\]"),
     ({"k": FakeCudaTensor((300, 8, 64))}, ValueError, "k has head_dim 64 but q has 128"),
@@ -65,6 +74,12 @@ def test_valid_calls_without_a_driver_are_a_clear_error(fake_matrix: Any) -> Non
     ({"variant": "soft_cap"}, TypeError, "variant 'soft_cap' missing parameter 'logits_soft_cap'"),
     ({"q": FakeCudaTensor((100, 32, 96)), "k": FakeCudaTensor((9, 8, 96)), "v": FakeCudaTensor((9, 8, 96))},
      ValueError, "head_dim=96 is not in the variant matrix; head_dim takes 64, 128"),
+    # fp8 k and v: one fp8 type for both, scales for fp8 only, no in-kernel RoPE.
+    ({"k": FakeCudaTensor((300, 8, 128), "fp8_e4m3")}, TypeError, "k and v must share one dtype"),
+    ({"k_scale": 2.0}, ValueError, "k_scale and v_scale apply to an fp8 KV cache"),
+    ({"k": FakeCudaTensor((300, 8, 128), "fp8_e5m2"), "v": FakeCudaTensor((300, 8, 128), "fp8_e5m2"),
+      "pos_encoding": "rope_llama"}, ValueError,
+     "single_prefill: pos_encoding='rope_llama' is not supported with an fp8 KV cache"),
 ])
 def test_single_prefill_validation(fake_matrix: Any, kw: dict[str, Any], exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):
