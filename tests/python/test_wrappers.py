@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import flashgen
-from flashgen import _common
+from flashgen import _common, _op
 from test_loader import fake_torch  # noqa: F401 (a fixture)
 
 WS_BYTES = 1 << 21
@@ -184,17 +184,22 @@ def _batches(fake_torch: Any, ws: Any) -> list[tuple[Any, Any, Any, Any, Any]]:
             (flashgen.batch_prefill, type(ragged), (q, qo, k, v, indptr), ragged, (q, k, v))]
 
 
-def test_the_batch_functions_are_their_classes_one_shots(fake_torch: Any) -> None:
-    """Each batch function runs through its wrapper class: its plans are the class's shared
-    ones, a bad argument gets the message the class's run() gives (each naming its caller), and
-    errors found before any plan name the function."""
+def test_the_batch_functions_are_their_classes_one_shots(fake_torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch function runs through its wrapper class: it plans once per shape into the
+    class's shared plans (a later call takes the fast path), a bad argument gets the message the
+    class's run() gives (each naming its caller), and errors found before any plan name the
+    function."""
+    planned: list[str] = []
+    plan = _op._plan
+    monkeypatch.setattr(_op, "_plan", lambda spec, *a: planned.append(spec.name) or plan(spec, *a))
     ws = fake_torch.Tensor((WS_BYTES,), fake_torch.uint8)
     for fn, cls, args, wrapper, data in _batches(fake_torch, ws):
         name = fn.__name__
         assert len(cls._shared_plans) == 0
+        planned.clear()
         fn(*args)
         fn(*args)
-        assert len(cls._shared_plans) == 1, f"{name}: the second call took the first one's plan from its class"
+        assert planned == [name] and len(cls._shared_plans) == 1, f"{name}: one plan, kept by its class"
         assert fake_torch.calls[-1]["workspace"] != ws.data_ptr()  # the stream's shared workspace
         with pytest.raises(TypeError) as functional:
             fn(*args, k_scale="2")
