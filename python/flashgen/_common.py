@@ -198,18 +198,21 @@ class Workspaces:
     the hold ends with the launch, not with the kernels.
     """
 
-    def __init__(self) -> None:
-        self._bufs: dict[tuple[str, int, int], tuple[Any, int, int]] = {}
-        self._locks: dict[tuple[str, int, int], threading.Lock] = {}
-        self._locks_lock = threading.Lock()
+    class _Slot:
+        """One stream's workspace: its lock, and the buffer (kept alive), address and size the
+        holder of the lock may read or grow."""
 
-    def _lock(self, key: tuple[str, int, int]) -> threading.Lock:
-        """The key's lock, made once (a plain lookup when it exists)."""
-        lock = self._locks.get(key)
-        if lock is None:
-            with self._locks_lock:
-                lock = self._locks.setdefault(key, threading.Lock())
-        return lock
+        __slots__ = ("lock", "buf", "ptr", "size")
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.buf: Any = None
+            self.ptr = 0
+            self.size = 0
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[str, int, int], Workspaces._Slot] = {}
+        self._slots_lock = threading.Lock()
 
     def acquire(self, fw: Framework, device: int, stream: int, nbytes: int,
                 what: str) -> tuple[threading.Lock, int, int]:
@@ -217,24 +220,26 @@ class Workspaces:
         returns the held lock, the address and the size; the caller releases the lock once its
         kernels are enqueued (or the launch failed)."""
         key = (fw.name, device, stream)
-        lock = self._lock(key)
+        slot = self._slots.get(key)  # one lookup on every call but a stream's first
+        if slot is None:
+            with self._slots_lock:
+                slot = self._slots.setdefault(key, Workspaces._Slot())
+        lock = slot.lock
         lock.acquire()
-        try:
-            cur = self._bufs.get(key)
-            if cur is None or cur[2] < nbytes:
-                size = max(nbytes, (cur[2] * 2) if cur else 0)
+        if slot.size < nbytes:
+            try:
+                size = max(nbytes, slot.size * 2)
                 size = (size + (1 << 20) - 1) & ~((1 << 20) - 1)
                 buf = fw.empty((size,), "u8", device, what)
-                cur = self._bufs[key] = (buf, fw.describe(buf, "workspace").ptr, size)
-        except BaseException:
-            lock.release()
-            raise
-        return lock, cur[1], cur[2]
+                slot.buf, slot.ptr, slot.size = buf, fw.describe(buf, "workspace").ptr, size
+            except BaseException:
+                lock.release()
+                raise
+        return lock, slot.ptr, slot.size
 
     def clear(self) -> None:
-        with self._locks_lock:
-            self._bufs.clear()
-            self._locks.clear()
+        with self._slots_lock:
+            self._slots.clear()
 
 
 WORKSPACES = Workspaces()

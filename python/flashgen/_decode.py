@@ -4,7 +4,9 @@ over a paged KV cache), in FlashInfer's layouts.
 Each function is a declaration (``_op.Spec``): its tensors with symbolic dimensions per layout,
 the axes they choose and how the module's arguments struct is filled; ``_op.call`` validates,
 finds the instance and launches on the caller's current CUDA stream with the caller's framework
-allocating the output.
+allocating the output. ``batch_decode`` is ``BatchDecodeWithPagedKVCacheWrapper``'s one-shot
+(plan and run in one step over the stream's shared workspace, see _wrappers), which reads
+``BATCH_DECODE``; ``single_decode`` has no class and calls ``_op.call`` itself.
 """
 
 from __future__ import annotations
@@ -155,6 +157,10 @@ def batch_decode(
         ``o`` shaped like ``q``, or ``(o, lse)`` with ``return_lse``.
     """
     tensors = (q, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len)
-    return _op.call(BATCH_DECODE, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
-                    backend)
+    return _wrappers.BatchDecodeWithPagedKVCacheWrapper._call(
+        tensors, out, kv_layout, variant, sm_scale, return_lse,
+        (pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params, backend)
+
+
+# Last: the wrapper classes read this module's specs (the batch function runs on its class).
+from . import _wrappers  # noqa: E402

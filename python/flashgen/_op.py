@@ -260,6 +260,13 @@ _PLANS: dict[str, dict[tuple[Any, ...], Plan]] = {}
 _MAX_PLANS = 4096
 
 
+def shared_plans(spec: Spec) -> dict[tuple[Any, ...], Plan]:
+    """The plan cache of ``spec``'s functional calls, which take the stream's shared workspace:
+    ``call`` without ``plans`` (single_decode, single_prefill) and the wrapper classes' one-shots
+    (the batch functions, ``_wrappers._Wrapper._call``). A reset clears it in place."""
+    return _PLANS.setdefault(spec.name, {})
+
+
 def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: str | Variant,
          sm_scale: float | None, return_lse: bool, option_values: tuple[Any, ...],
          variant_params: dict[str, Any], backend: str | None = None, *,
@@ -271,14 +278,13 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
     parameters) as ``spec.options`` takes them; ``backend`` names the module's implementation
     (None: the best one the device runs, chosen by the loader).
 
-    The engine-facing wrappers (``_wrappers``) call this with their own ``plans`` cache, the
-    caller's ``workspace`` (address, bytes; None: the stream's shared one), an optional ``lse``
-    output, ``expect``: what their plan() declared (dimension symbols, ``"dtype"``), which the
-    tensors must match, and ``what``: the name errors give (default: the spec's function)."""
+    The engine-facing wrappers (``_wrappers``), on which the batch functions are built, call
+    this with their ``plans`` cache (None: ``shared_plans(spec)``), their ``workspace`` (the
+    caller's (address, bytes), or None: the stream's shared one), an optional ``lse`` output,
+    ``expect``: what their plan() declared (dimension symbols, ``"dtype"``), which the tensors
+    must match, and ``what``: the name errors give (None: the spec's function)."""
     if plans is None:
-        plans = _PLANS.get(spec.name)
-        if plans is None:
-            plans = _PLANS[spec.name] = {}
+        plans = _PLANS.get(spec.name) or shared_plans(spec)
     if lse is not None:
         return_lse = True
     key = None
@@ -470,5 +476,6 @@ def _check_expected(what: str, expect: Mapping[str, Any], sym: Mapping[str, int]
 
 
 def _reset_for_tests() -> None:
-    _PLANS.clear()
+    for plans in _PLANS.values():  # in place: the wrapper classes hold theirs
+        plans.clear()
     _torch_type.clear()

@@ -2,8 +2,11 @@
 packed along tokens) and ``batch_prefill_paged`` (q packed, K/V in batch_decode's paged cache).
 
 Like decode, each function is a declaration (``_op.Spec``) over one generic validate/bind/launch
-path. ``causal`` and ``pos_encoding`` choose the ``mask`` and ``pos_encoding`` axes of the matrix;
-the RoPE parameters fill the arguments struct.
+path; the two batch functions are the one-shots of their wrapper classes
+(``BatchPrefillWithRaggedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``: plan and run
+in one step over the stream's shared workspace, see _wrappers), and ``single_prefill``, which has
+no class, calls ``_op.call`` itself. ``causal`` and ``pos_encoding`` choose the ``mask`` and
+``pos_encoding`` axes of the matrix; the RoPE parameters fill the arguments struct.
 
 Semantics (all three): query i of a request sits at position ``kv_len - qo_len + i`` and key j at
 ``j``; ``causal`` lets query i see key j when ``j <= kv_len - qo_len + i`` (bottom-right aligned,
@@ -201,9 +204,9 @@ def batch_prefill(
     replayed with new lengths in the same tensors (same batch size and tensor shapes).
     """
     tensors = (q, k, v, qo_indptr, kv_indptr, q_rope_offset, kv_rope_offset)
-    return _op.call(BATCH_PREFILL, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
-                    backend)
+    return _wrappers.BatchPrefillWithRaggedKVCacheWrapper._call(
+        tensors, out, kv_layout, variant, sm_scale, return_lse,
+        (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params, backend)
 
 
 def batch_prefill_paged(
@@ -238,6 +241,10 @@ def batch_prefill_paged(
     """
     tensors = (q, paged_kv_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, q_rope_offset,
                kv_rope_offset)
-    return _op.call(BATCH_PREFILL_PAGED, tensors, out, kv_layout, variant, sm_scale, return_lse,
-                    (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params,
-                    backend)
+    return _wrappers.BatchPrefillWithPagedKVCacheWrapper._call(
+        tensors, out, kv_layout, variant, sm_scale, return_lse,
+        (causal, pos_encoding, rope_theta, rope_scale, k_scale, v_scale), variant_params, backend)
+
+
+# Last: the wrapper classes read this module's specs (the batch functions run on their classes).
+from . import _wrappers  # noqa: E402

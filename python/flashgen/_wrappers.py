@@ -6,14 +6,21 @@ Serving engines size one workspace buffer, plan each batch outside a CUDA graph,
 keywords), so porting an engine's backend is mostly a rename; docs/user-guide.md lists the
 differences.
 
-A wrapper is a thin layer over the path the functional API takes (``_op.call``): ``plan()``
-checks the page table and the sizes, chooses the variant, loads (or compiles) the instance and
-checks the workspace; ``run()`` is the functional call with the planned arguments, the caller's
-workspace and a plan cache of its own, so its host cost is the functional call's. ``run()``
-never synchronizes or allocates workspace; the kernels read the lengths from the planned index
-tensors on the device, so a captured ``run`` replays correctly after a ``plan()`` with new
-lengths (same batch size). With ``use_cuda_graph=True`` the index tensors live in the fixed
-buffers given at construction: ``plan()`` copies into them, and the captured addresses stay valid.
+The classes are the one layer of the batch API: ``batch_decode``, ``batch_prefill_paged`` and
+``batch_prefill`` (ragged) are each their class's one-shot, ``_Wrapper._call``: plan and run in
+one step over the stream's shared workspace (``_common.WORKSPACES``), with the class's shared
+plan cache. Both forms end in one ``_op.call`` of the class's spec: ``plan()`` checks the page
+table and the sizes, chooses the variant, loads (or compiles) the instance and checks the
+workspace; ``run()`` launches the planned arguments over the caller's workspace with a plan cache
+of the wrapper's own, so its host cost is the functional call's; the one-shot reads the sizes
+from the tensors on its first call of a shape and takes the plan cache's fast path after that.
+(``single_decode`` and ``single_prefill`` have no class and call ``_op.call`` themselves.)
+
+``run()`` never synchronizes or allocates workspace; the kernels read the lengths from the
+planned index tensors on the device, so a captured ``run`` replays correctly after a ``plan()``
+with new lengths (same batch size). With ``use_cuda_graph=True`` the index tensors live in the
+fixed buffers given at construction: ``plan()`` copies into them, and the captured addresses
+stay valid.
 """
 
 from __future__ import annotations
@@ -116,6 +123,7 @@ class _Wrapper:
     _spec: _op.Spec
     _buffer_args: tuple[str, ...]  # the constructor's fixed-buffer keywords, in index order
     _page_ids_buffer: str | None = None  # the one of them passed whole (the page ids)
+    _shared_plans: dict[tuple[Any, ...], _op.Plan]  # the one-shots' (_call): the spec's shared cache
 
     def __init__(self, workspace_buffer: TensorLike, kv_layout: str, use_cuda_graph: bool,
                  buffers: tuple[TensorLike | None, ...], backend: str | None) -> None:
@@ -141,9 +149,30 @@ class _Wrapper:
         self._plans: dict[tuple[Any, ...], _op.Plan] = {}
         self._planned: _Planned | None = None
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """A class with a spec gets its one-shots' plan cache once, so a call only reads it."""
+        super().__init_subclass__(**kw)
+        if "_spec" in cls.__dict__:
+            cls._shared_plans = _op.shared_plans(cls._spec)
+
     @property
     def workspace_bytes(self) -> int:
         return self._workspace[1]
+
+    @classmethod
+    def _call(cls, tensors: tuple[Any, ...], out: Any, kv_layout: str, variant: str | Variant,
+              sm_scale: float | None, return_lse: bool, option_values: tuple[Any, ...],
+              variant_params: dict[str, Any], backend: str | None) -> Output:
+        """The class's functional call (``batch_decode`` and the others): plan and run in one
+        step over the stream's shared workspace. ``tensors`` are run()'s data tensors, then
+        plan()'s index tensors; ``option_values`` plan()'s options, then the scales.
+
+        It needs no instance: the layout and backend are the call's and part of the plan key,
+        so the first call of a shape plans (``_op.call``'s checked path, which reads from the
+        tensors every size plan() is told) and every later one takes the plan cache's fast
+        path. Errors name the functional function."""
+        return _op.call(cls._spec, tensors, out, kv_layout, variant, sm_scale, return_lse, option_values,
+                        variant_params, backend, plans=cls._shared_plans)
 
     def _read_index(self, what: str, name: str, t: Any) -> tuple[Any, Tensor]:
         """An int32 1-D contiguous index tensor on the workspace's device; a torch CPU tensor is

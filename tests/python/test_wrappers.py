@@ -163,7 +163,52 @@ def test_prefill_wrappers_run_the_functional_calls(fake_torch: Any) -> None:
     assert _per_shape(wrapped) == _per_shape(functional) and wrapped["workspace"] == ws.data_ptr()
     with pytest.raises(ValueError, match=r"head_dim_vo \(64\) must equal head_dim_qk \(128\)"):
         paged.plan(qo, kv, ix, last, 32, 8, 128, 16, head_dim_vo=64, q_data_type=bf16)
-    assert "batch_prefill_paged" in _op._PLANS and len(paged._plans) == 1
+    assert len(flashgen.BatchPrefillWithPagedKVCacheWrapper._shared_plans) == 1 and len(paged._plans) == 1
+
+
+def _batches(fake_torch: Any, ws: Any) -> list[tuple[Any, Any, Any, Any, Any]]:
+    """Per batch function: (function, its class, its call's tensors as the function takes them,
+    a wrapper planned for them, the data tensors its run() takes)."""
+    T, bf16, i32 = fake_torch.Tensor, fake_torch.bfloat16, fake_torch.int32
+    qd, cache, q = T((4, 32, 128), bf16), T((40, 2, 16, 8, 128), bf16), T((100, 32, 128), bf16)
+    k = v = T((300, 8, 128), bf16)
+    indptr, ix, last, qo = T((5,), i32), T((30,), i32), T((4,), i32), T((5,), i32)
+    decode = flashgen.BatchDecodeWithPagedKVCacheWrapper(ws)
+    decode.plan(indptr, ix, last, 32, 8, 128, 16, q_data_type=bf16)
+    paged = flashgen.BatchPrefillWithPagedKVCacheWrapper(ws)
+    paged.plan(qo, indptr, ix, last, 32, 8, 128, 16, q_data_type=bf16)
+    ragged = flashgen.BatchPrefillWithRaggedKVCacheWrapper(ws)
+    ragged.plan(qo, indptr, 32, 8, 128, q_data_type=bf16)
+    return [(flashgen.batch_decode, type(decode), (qd, cache, indptr, ix, last), decode, (qd, cache)),
+            (flashgen.batch_prefill_paged, type(paged), (q, qo, cache, indptr, ix, last), paged, (q, cache)),
+            (flashgen.batch_prefill, type(ragged), (q, qo, k, v, indptr), ragged, (q, k, v))]
+
+
+def test_the_batch_functions_are_their_classes_one_shots(fake_torch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch function runs through its wrapper class: it plans once per shape into the
+    class's shared plans (a later call takes the fast path), a bad argument gets the message the
+    class's run() gives (each naming its caller), and errors found before any plan name the
+    function."""
+    planned: list[str] = []
+    plan = _op._plan
+    monkeypatch.setattr(_op, "_plan", lambda spec, *a: planned.append(spec.name) or plan(spec, *a))
+    ws = fake_torch.Tensor((WS_BYTES,), fake_torch.uint8)
+    for fn, cls, args, wrapper, data in _batches(fake_torch, ws):
+        name = fn.__name__
+        assert len(cls._shared_plans) == 0
+        planned.clear()
+        fn(*args)
+        fn(*args)
+        assert planned == [name] and len(cls._shared_plans) == 1, f"{name}: one plan, kept by its class"
+        assert fake_torch.calls[-1]["workspace"] != ws.data_ptr()  # the stream's shared workspace
+        with pytest.raises(TypeError) as functional:
+            fn(*args, k_scale="2")
+        with pytest.raises(TypeError) as wrapped:
+            wrapper.run(*data, k_scale="2")
+        assert str(functional.value) == f"{name}: k_scale must be a real number (a Python float), got '2'"
+        assert str(wrapped.value) == f"{cls.__name__}.run: k_scale must be a real number (a Python float), got '2'"
+        with pytest.raises(ValueError, match=f"^{name}: kv_layout must be one of NHD, HND, got 'NDH'$"):
+            fn(*args, kv_layout="NDH")
 
 
 def test_attention_sink_through_a_wrapper_takes_window_left_minus_one(fake_torch: Any) -> None:
