@@ -216,13 +216,8 @@ struct BatchDecode {
   template <typename DType, int HEAD_DIM, int PAGE_SIZE, int POS, typename Tag, int KV>
   struct Instance {
     using DTypeKV = CacheType<DType, KV>;
-    // rope_llama's RoPE pre-pass rotates 16-bit keys only.
-    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
-
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      if constexpr (kRopeOfFp8) {
-        return 0;
-      } else if constexpr (POS == prefill::kPosRopeLlama) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
         int64_t indptr_bytes = 0;
         return rope_workspace<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev, &indptr_bytes);
       } else {
@@ -233,9 +228,12 @@ struct BatchDecode {
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
-      if constexpr (kRopeOfFp8) {
-        return refuse_rope_of_fp8("batch_decode", KV);
-      } else if constexpr (POS == prefill::kPosRopeLlama) {
+      if constexpr (POS == prefill::kPosRopeLlama) {
+        // The RoPE path reads K/V as DType: 16-bit keys only. In run, not the class: a
+        // dispatching binary names the class of every combination it reaches, and skips this one.
+        static_assert(!is_fp8<DTypeKV>,
+                      "rope_llama with an fp8 KV cache: variants.json declares it unsupported "
+                      "(modules.batch_decode.unsupported), so no instance holds it");
         return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
       } else {
         return run_standard<DType, DTypeKV, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);

@@ -36,27 +36,17 @@ struct BatchPrefillRagged {
     using DTypeKV = CacheType<DType, KV>;
     using Params = BatchPrefillRaggedParams<DType, DTypeKV, DType>;
     using Backend = PrefillBackend<BACKEND, Tag>;
-    // RoPE rotates 16-bit keys only (fp8_cache.cuh).
-    static constexpr bool kRopeOfFp8 = POS == prefill::kPosRopeLlama && is_fp8<DTypeKV>;
-
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
-      if constexpr (kRopeOfFp8) {
-        return 0;
-      } else {
-        return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
-            a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
-      }
+      return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
+          a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
-      if constexpr (kRopeOfFp8) {
-        return refuse_rope_of_fp8("batch_prefill_ragged", KV);
-      } else {
-        return run_kernels(a, dev);
-      }
-    }
-
-    static int run_kernels(const Args& a, const DeviceInfo& dev) {
+      // The RoPE kernels rotate 16-bit keys only. In run, not the class: a dispatching binary
+      // names the class of every combination it reaches, and skips this one.
+      static_assert(POS != prefill::kPosRopeLlama || !is_fp8<DTypeKV>,
+                    "rope_llama with an fp8 KV cache: variants.json declares it unsupported "
+                    "(modules.batch_prefill_ragged.unsupported), so no instance holds it");
       Params p;
       if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
       prefill::fill_contiguous_kv(p, a);

@@ -98,7 +98,8 @@ pub fn instance_header(matrix: &Matrix, inst: &Instance) -> String {
         )
         .unwrap();
     }
-    h.push_str(&abi_section(m));
+    // An instance is never an unsupported combination (the expansion skips those): no guard.
+    h.push_str(&abi_section(m, &[]));
     h
 }
 
@@ -184,8 +185,93 @@ pub fn dispatch_header(
         .unwrap();
         writeln!(h, "    }} \\\n  }}()\n").unwrap();
     }
-    h.push_str(&abi_section(m));
+    // The DISPATCH_ nest reaches every combination of the listed values, unsupported ones too:
+    // the generated dispatches over the declared args (`abi_section`) skip those.
+    let unsupported = unsupported_among(m, &used);
+    if m.args.is_some() && !unsupported.is_empty() {
+        h.push_str("#include <type_traits>  // the guard of unsupported combinations\n\n");
+    }
+    h.push_str(&abi_section(m, &unsupported));
     h
+}
+
+/// The `unsupported` declarations of `m` that hold some combination of the `used` values (axis
+/// -> value indices), each as the value indices it names among them per axis (None: every one).
+fn unsupported_among(m: &Module, used: &[Vec<usize>]) -> Vec<Vec<Option<Vec<usize>>>> {
+    m.unsupported
+        .iter()
+        .map(|u| {
+            let named = u.selection(&m.axes);
+            m.axes
+                .iter()
+                .enumerate()
+                .zip(used)
+                .map(|((ai, axis), values)| {
+                    named.iter().any(|(a, _)| a.name == axis.name).then(|| {
+                        values
+                            .iter()
+                            .copied()
+                            .filter(|&vi| u.allows(ai, vi))
+                            .collect()
+                    })
+                })
+                .collect::<Vec<Option<Vec<usize>>>>()
+        })
+        .filter(|axes| {
+            axes.iter()
+                .all(|v| v.as_ref().is_none_or(|v| !v.is_empty()))
+        })
+        .collect()
+}
+
+/// `body` (one statement) run only for combinations no `unsupported` declaration holds, the
+/// others counted as a dispatch miss; `name(i)` is the name axis `i` is bound to. The body is
+/// instantiated inside a generic lambda, whose discarded branch is never instantiated: an
+/// unsupported combination's templates (which may `static_assert` against it) stay unused.
+fn guarded(
+    m: &Module,
+    unsupported: &[Vec<Option<Vec<usize>>>],
+    name: impl Fn(usize) -> String,
+    body: &str,
+) -> String {
+    if unsupported.is_empty() {
+        return body.to_string();
+    }
+    let holds: Vec<String> = unsupported
+        .iter()
+        .map(|axes| {
+            let terms: Vec<String> = axes
+                .iter()
+                .enumerate()
+                .filter_map(|(ai, values)| {
+                    let axis = &m.axes[ai];
+                    let eq: Vec<String> = values
+                        .as_ref()?
+                        .iter()
+                        .map(|&vi| match (&axis.kind, &axis.values[vi]) {
+                            (AxisKind::Dtype, Value::Name(d)) => {
+                                format!("std::is_same_v<{}, {}>", name(ai), cuda_type(d))
+                            }
+                            (AxisKind::Variant, Value::Name(n)) => {
+                                format!("std::is_same_v<{}, FlashgenVariant_{n}>", name(ai))
+                            }
+                            (AxisKind::Bool, Value::Bool(b)) => format!("{} == {b}", name(ai)),
+                            _ => format!("{} == {}", name(ai), axis.code(vi)),
+                        })
+                        .collect();
+                    Some(format!("({})", eq.join(" || ")))
+                })
+                .collect();
+            format!("({})", terms.join(" && "))
+        })
+        .collect();
+    let statement = body.trim_end_matches(';');
+    format!(
+        "[&](auto flashgen_serves) {{ if constexpr (decltype(flashgen_serves)::value) {{ {statement}; }} \
+         else {{ ++flashgen_dispatch_misses(); }} }}(std::bool_constant<!({})>{{}}){}",
+        holds.join(" || "),
+        &body[statement.len()..]
+    )
 }
 
 /// Banner, CUDA type headers, the configured `includes`, then each variant's header.
@@ -382,7 +468,8 @@ pub fn args_header(m: &Module) -> Option<String> {
 /// and `FLASHGEN_DEFINE_QUERY_ENTRY_POINT()`, which defines `flashgen_<module>_query`: it
 /// dispatches over the codes (axis order) and writes `axis=value ...` as the instantiation it
 /// reached sees them. The `.cu` invokes the macro once, after including flashgen/status.cuh.
-fn abi_section(m: &Module) -> String {
+/// `unsupported`: the declarations the dispatch may reach (`unsupported_among`), which it skips.
+fn abi_section(m: &Module, unsupported: &[Vec<Option<Vec<usize>>>]) -> String {
     let Some(args) = args_header(m) else {
         return String::new();
     };
@@ -435,10 +522,15 @@ fn abi_section(m: &Module) -> String {
         fmt.push(format!("{}={f}", a.name));
         vals.push(v);
     }
-    let mut body = format!(
-        "char text[512]; std::snprintf(text, sizeof(text), \"{}\", {}); status = ::flashgen::write_query(buf, buflen, text);",
-        fmt.join(" "),
-        vals.join(", ")
+    let mut body = guarded(
+        m,
+        unsupported,
+        |i| format!("A{i}"),
+        &format!(
+            "char text[512]; std::snprintf(text, sizeof(text), \"{}\", {}); status = ::flashgen::write_query(buf, buflen, text);",
+            fmt.join(" "),
+            vals.join(", ")
+        ),
     );
     for (i, a) in m.axes.iter().enumerate().rev() {
         body = format!("DISPATCH_{}(codes[{i}], A{i}, {{ {body} }});", a.name);
@@ -451,7 +543,7 @@ fn abi_section(m: &Module) -> String {
     )
     .unwrap();
     writeln!(h, "    return status; \\\n  }}\n").unwrap();
-    h.push_str(&dispatch_args(m));
+    h.push_str(&dispatch_args(m, unsupported));
     h
 }
 
@@ -460,8 +552,13 @@ fn abi_section(m: &Module) -> String {
 /// compile-time value as `FG_<axis>` in BODY; a bool expression, true when this binary holds the
 /// combination. `FLASHGEN_FAIL_NO_INSTANCE(a)` returns the status with a message naming the
 /// values asked for. Entry points thus need no hand-written dispatch nest per module.
-fn dispatch_args(m: &Module) -> String {
-    let mut body = String::from("__VA_ARGS__");
+fn dispatch_args(m: &Module, unsupported: &[Vec<Option<Vec<usize>>>]) -> String {
+    let mut body = guarded(
+        m,
+        unsupported,
+        |i| format!("FG_{}", m.axes[i].name),
+        "__VA_ARGS__",
+    );
     for a in m.axes.iter().rev() {
         body = format!(
             "DISPATCH_{}((a).{}, FG_{}, {{ {body}; }})",

@@ -115,6 +115,10 @@ pub struct ModuleDecl {
     pub axes: Vec<AxisDecl>,
     #[serde(default)]
     pub aot: AotDecl,
+    /// Combinations of axis values that no instance serves, each with the message a caller
+    /// gets: the expansion skips them, and a call asking for one is refused with its reason.
+    #[serde(default)]
+    pub unsupported: Vec<ExclusionDecl>,
     /// What a release leaves out of the whole matrix (absent: nothing).
     #[serde(default)]
     pub release: ReleaseSetDecl,
@@ -197,14 +201,15 @@ pub struct AotDecl {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseSetDecl {
     #[serde(default)]
-    pub exclude: Vec<ReleaseExclusionDecl>,
+    pub exclude: Vec<ExclusionDecl>,
 }
 
-/// One exclusion from the release: the instances whose axis values `where` selects (as an `aot`
-/// selection does), and why they are left out (their first use compiles them, and says so).
+/// Combinations left out, and why: the axis values `where` selects (as an `aot` selection does)
+/// and the reason a user reads. Out of the release (`release.exclude`: their first use compiles
+/// them, and says so), or out of the matrix (`unsupported`: a call asking for one is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReleaseExclusionDecl {
+pub struct ExclusionDecl {
     #[serde(rename = "where")]
     pub selection: UniqueMap<Vec<Value>>,
     pub reason: String,

@@ -143,6 +143,19 @@ impl FilterArgs {
         terms: &[Term],
     ) -> NoMatch {
         let mut lines = vec!["no instance matches the filters".to_string()];
+        let unsupported = if self.aot {
+            Vec::new()
+        } else {
+            unsupported_matches(matrix, scoped, terms)
+        };
+        if !unsupported.is_empty() {
+            lines[0] = format!(
+                "no instance matches the filters: they select combinations that {} declares \
+                 unsupported",
+                matrix.config_path.display()
+            );
+            lines.extend(unsupported);
+        }
         for t in terms {
             let mut values: Vec<String> = Vec::new();
             for (i, m) in matrix.modules.iter().enumerate() {
@@ -173,6 +186,45 @@ impl FilterArgs {
         }
         NoMatch(lines.join("\n"))
     }
+}
+
+/// The `unsupported` declarations of the modules in scope that hold a combination every term
+/// matches: what the filters asked for, and why no instance serves it.
+fn unsupported_matches(
+    matrix: &Matrix,
+    scoped: &dyn Fn(usize) -> bool,
+    terms: &[Term],
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (mi, m) in matrix.modules.iter().enumerate() {
+        if !scoped(mi) || terms.iter().any(|t| m.axis(&t.axis).is_none()) {
+            continue;
+        }
+        for (di, u) in m.unsupported.iter().enumerate() {
+            // The declaration is a product of per-axis value sets, so it holds a match when each
+            // axis has one value it allows that every term on that axis matches.
+            let held = m.axes.iter().enumerate().all(|(ai, axis)| {
+                (0..axis.values.len()).any(|vi| {
+                    let spelled = axis.values[vi].to_string();
+                    u.allows(ai, vi)
+                        && terms
+                            .iter()
+                            .filter(|t| t.axis == axis.name)
+                            .all(|t| t.glob.is_match(&spelled))
+                })
+            });
+            if held {
+                lines.push(format!(
+                    "  {} {} (modules.{}.unsupported[{di}]): {}",
+                    m.name,
+                    u.spell(&m.axes),
+                    m.name,
+                    u.reason
+                ));
+            }
+        }
+    }
+    lines
 }
 
 #[cfg(test)]

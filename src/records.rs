@@ -158,6 +158,18 @@ pub struct ModuleRow {
     /// (`commands::choice`), which the loader reads instead of deciding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backends: Option<BackendTable>,
+    /// `modules.<m>.unsupported`: combinations that are not instances; the loader refuses a call
+    /// asking for one with its reason.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<UnsupportedRow>,
+}
+
+/// One `unsupported` declaration: axis -> the values it names (in axis order), and its reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnsupportedRow {
+    #[serde(rename = "where")]
+    pub selection: IndexMap<String, Vec<Json>>,
+    pub reason: String,
 }
 
 /// The choice among a module's implementations (`describe`'s `modules.<m>.backends`), as

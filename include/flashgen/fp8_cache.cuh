@@ -1,8 +1,9 @@
 /**
  * @brief The kv_dtype axis of the modules that read an fp8 KV cache (batch_decode,
- * batch_prefill_paged, batch_prefill_ragged, single_prefill), host side: the cache's element type of a kv_dtype
- * code, the conditions of an fp8 call and its scales, and the refusal of rope_llama with an fp8
- * cache. Include after <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes).
+ * batch_prefill_paged, batch_prefill_ragged, single_prefill), host side: the cache's element
+ * type of a kv_dtype code, the conditions of an fp8 call and its scales. Include after
+ * <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes). rope_llama with an fp8 cache is
+ * no instance: variants.json declares it in those modules' `unsupported`.
  */
 #pragma once
 
@@ -22,12 +23,6 @@ template <typename DType, int KV>
 using CacheType = std::conditional_t<
     KV == FLASHGEN_CODE_kv_dtype_fp8_e4m3, __nv_fp8_e4m3,
     std::conditional_t<KV == FLASHGEN_CODE_kv_dtype_fp8_e5m2, __nv_fp8_e5m2, DType>>;
-
-constexpr const char* kv_dtype_name(int kv) {
-  return kv == FLASHGEN_CODE_kv_dtype_fp8_e4m3   ? "fp8_e4m3"
-         : kv == FLASHGEN_CODE_kv_dtype_fp8_e5m2 ? "fp8_e5m2"
-                                                 : "same";
-}
 
 /** A stride of the cache as an error message names it. */
 struct NamedStride {
@@ -84,18 +79,6 @@ int fill_fp8_paged_cache(Params& p, const Args& a, const char* module) {
                                  {"n", a.kv_stride_n},
                                  {"h", a.kv_stride_h}};
   return fill_fp8_cache(p, module, "paged_kv", strides, a.k_scale, a.v_scale);
-}
-
-/**
- * rope_llama with an fp8 cache: refused. Its kernels rotate 16-bit keys (the prefill's RoPE
- * pre-pass); engines rotate keys before they write the cache, so the cache never needs it.
- */
-inline int refuse_rope_of_fp8(const char* module, int kv) {
-  return fail(FLASHGEN_INVALID_ARGUMENT,
-              "%s: pos_encoding=rope_llama with an fp8 KV cache (kv_dtype=%s) is not supported: "
-              "the rope_llama kernels read f16/bf16 K/V only; rotate the keys before quantizing "
-              "them (as engines do before they write the cache) and call with pos_encoding=none",
-              module, kv_dtype_name(kv));
 }
 
 }  // namespace flashgen

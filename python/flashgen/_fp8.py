@@ -50,13 +50,8 @@ def scale_options(what: str, k_scale: Any, v_scale: Any) -> dict[str, float]:
 
 
 def check_cache_call(what: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> None:
-    """What an fp8 cache cannot combine with, and scales without one."""
-    kv_dtype = params["kv_dtype"]
-    if kv_dtype != SAME and params.get("pos_encoding") == "rope_llama":
-        raise ValueError(f"{what}: pos_encoding='rope_llama' is not supported with an fp8 KV cache "
-                         f"({kv_dtype}): in-kernel RoPE rotates float16/bfloat16 keys only; rotate the "
-                         "keys before quantizing (as engines do before they write the cache) and pass "
-                         "pos_encoding='none'")
-    if kv_dtype == SAME and (options["k_scale"] != 1.0 or options["v_scale"] != 1.0):
+    """Scales only with an fp8 cache. (What an fp8 cache cannot combine with is declared in
+    variants.json, ``modules.<m>.unsupported``, and refused where the instance is looked up.)"""
+    if params["kv_dtype"] == SAME and (options["k_scale"] != 1.0 or options["v_scale"] != 1.0):
         raise ValueError(f"{what}: k_scale and v_scale apply to an fp8 KV cache, but the cache is "
                          f"{params['dtype']} like q; leave them at 1.0 (scale the tensors instead)")

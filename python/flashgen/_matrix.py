@@ -12,8 +12,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from . import _install
 
-__all__ = ["Axis", "Backend", "Backends", "DeviceRow", "Module", "Param", "Instance", "Matrix", "matrix",
-           "format_value", "fill"]
+__all__ = ["Axis", "Backend", "Backends", "DeviceRow", "Module", "Param", "Instance", "Matrix", "Unsupported",
+           "matrix", "format_value", "fill"]
 
 
 class Axis(NamedTuple):
@@ -75,11 +75,26 @@ def fill(template: str, **holes: str) -> str:
     return template
 
 
+class Unsupported(NamedTuple):
+    """``describe``'s ``modules.<m>.unsupported[i]`` (variants.json's declaration): combinations
+    no instance serves, as axis -> the values it names, and the reason a call asking for one reads."""
+
+    where: Mapping[str, tuple[Any, ...]]
+    reason: str
+
+    def holds(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` give each axis it names one of its values (an axis left out of
+        ``params``, such as a backend the loader picks later, holds nothing)."""
+        return all(name in params and _norm(params[name]) in {_norm(v) for v in values}
+                   for name, values in self.where.items())
+
+
 class Module(NamedTuple):
     name: str
     entry_points: tuple[str, ...]
     axes: tuple[Axis, ...]
     backends: Backends | None = None  # its implementations, if it has several
+    unsupported: tuple[Unsupported, ...] = ()  # combinations that are not instances
 
     @property
     def backend_axis(self) -> str | None:
@@ -147,6 +162,8 @@ class Matrix:
                 tuple(spec.get("entry_points", ())),
                 tuple(Axis(a["name"], a["type"], tuple(a["values"])) for a in spec["axes"]),
                 None if table is None else Backends.read(table),
+                tuple(Unsupported({k: tuple(v) for k, v in u["where"].items()}, u["reason"])
+                      for u in spec.get("unsupported", ())),
             )
         # Instances are made, and indexed per module, when first asked for: the matrix holds
         # hundreds of them and a process usually calls a few modules (import to first kernel). An
@@ -280,9 +297,10 @@ class Matrix:
                     f"{prefix}{axis.name}={format_value(params[axis.name])} is not in the variant "
                     f"matrix; {axis.name} takes {', '.join(map(format_value, axis.values))}"
                 )
+        ignore = set(ignore)
+        self.check_supported(module, {k: v for k, v in params.items() if k not in ignore}, what=what)
         # Every value exists on its own, so the combination was excluded. Say, per axis, which
         # values would work with the others held fixed.
-        ignore = set(ignore)
         options = []
         for axis in mod.axes:
             if axis.name in ignore:
@@ -296,6 +314,15 @@ class Matrix:
         shown = {k: v for k, v in params.items() if k not in ignore}
         hint = "; instances exist for " + "; or ".join(options) if options else ""
         raise ValueError(f"{prefix}no instance of {module} has {_describe(shown)}{hint}")
+
+    def check_supported(self, module: str, params: Mapping[str, Any], *, what: str | None = None) -> None:
+        """A ValueError naming the arguments and the declared reason when ``params`` ask for a
+        combination the module declares unsupported (variants.json ``modules.<m>.unsupported``)."""
+        mod = self.module(module)
+        for declared in mod.unsupported:
+            if declared.holds(params):
+                named = " with ".join(f"{a.name}={params[a.name]!r}" for a in mod.axes if a.name in declared.where)
+                raise ValueError(f"{what or module}: {named} is not supported: {declared.reason}")
 
     def _exists_ignoring(self, module: str, params: Mapping[str, Any], ignore: set[str]) -> bool:
         if not ignore:

@@ -6,7 +6,7 @@ use crate::config::AxisKind;
 use crate::matrix::Matrix;
 use crate::param_types;
 use crate::records::{
-    AxisRow, CapabilityRange, Describe, ModuleRow, VariantRow, WheelData, LAYOUT,
+    AxisRow, CapabilityRange, Describe, ModuleRow, UnsupportedRow, VariantRow, WheelData, LAYOUT,
 };
 use anyhow::Result;
 
@@ -69,6 +69,20 @@ pub fn describe(matrix: &Matrix) -> Describe {
                     axes,
                     arch_limit: m.arch_limit.as_deref().map(spelled),
                     backends: super::choice::table(m),
+                    unsupported: m
+                        .unsupported
+                        .iter()
+                        .map(|u| UnsupportedRow {
+                            selection: u
+                                .selection(&m.axes)
+                                .into_iter()
+                                .map(|(a, values)| {
+                                    (a.name.clone(), values.iter().map(|v| v.to_json()).collect())
+                                })
+                                .collect(),
+                            reason: u.reason.clone(),
+                        })
+                        .collect(),
                 };
                 (m.name.clone(), row)
             })

@@ -1,28 +1,32 @@
-//! The matrix's expansion: every combination of every module's axis values, as an
-//! [`Instance`] with its canonical URI and whether it is in the AOT subset.
+//! The matrix's expansion: every combination of every module's axis values that its
+//! `unsupported` declarations leave, as an [`Instance`] with its canonical URI and whether it is
+//! in the AOT subset.
 
 use super::{Module, Value, Variant};
 use crate::config::AxisKind;
 use crate::instance::Instance;
 
-/// Every instance of `modules`: modules in file order, the last axis varying fastest. An
-/// instance is AOT when its module's `aot` selection holds it and it uses no user variant.
+/// Every instance of `modules`: modules in file order, the last axis varying fastest, without
+/// the combinations a module declares `unsupported`. An instance is AOT when its module's `aot` selection holds it and it uses no user variant.
 pub(super) fn instances(modules: &[Module], variants: &[Variant]) -> Vec<Instance> {
     expand(modules, |m, choice| modules_aot(m, choice, variants))
 }
 
-/// Every combination of every module, modules in file order, the last axis varying fastest.
+/// Every supported combination of every module, modules in file order, the last axis varying
+/// fastest.
 fn expand(modules: &[Module], is_aot: impl Fn(&Module, &[usize]) -> bool) -> Vec<Instance> {
     let mut out = Vec::new();
     for (mi, m) in modules.iter().enumerate() {
         let mut choice = vec![0usize; m.axes.len()];
         loop {
-            out.push(Instance {
-                module: mi,
-                uri: uri(m, &choice),
-                aot: is_aot(m, &choice),
-                choice: choice.clone(),
-            });
+            if m.unsupported(&choice).is_none() {
+                out.push(Instance {
+                    module: mi,
+                    uri: uri(m, &choice),
+                    aot: is_aot(m, &choice),
+                    choice: choice.clone(),
+                });
+            }
             // Odometer step: bump the last axis, carrying leftwards.
             let mut axis = m.axes.len();
             loop {

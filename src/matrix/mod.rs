@@ -130,6 +130,56 @@ impl Variant {
 
 type Selection = Vec<(usize, HashSet<usize>)>;
 
+/// `modules.<m>.unsupported[i]`: combinations no instance serves, and the reason a caller who
+/// asks for one reads. The expansion skips them.
+#[derive(Debug)]
+pub struct Unsupported {
+    selection: Selection,
+    pub reason: String,
+}
+
+impl Unsupported {
+    /// Whether it holds the combination `choice` (one value index per axis).
+    pub fn holds(&self, choice: &[usize]) -> bool {
+        sel_holds(&self.selection, choice)
+    }
+
+    /// Whether it allows value `value` of axis `axis` (every value of an axis it does not name).
+    pub fn allows(&self, axis: usize, value: usize) -> bool {
+        self.selection
+            .iter()
+            .filter(|(a, _)| *a == axis)
+            .all(|(_, allowed)| allowed.contains(&value))
+    }
+
+    /// Its `where`, in axis order with each axis's values in axis order: `(axis, values)`.
+    pub fn selection<'a>(&self, axes: &'a [Axis]) -> Vec<(&'a Axis, Vec<&'a Value>)> {
+        axes.iter()
+            .enumerate()
+            .filter(|(ai, _)| self.selection.iter().any(|(a, _)| a == ai))
+            .map(|(ai, axis)| {
+                let values = (0..axis.values.len())
+                    .filter(|&vi| self.allows(ai, vi))
+                    .map(|vi| &axis.values[vi])
+                    .collect();
+                (axis, values)
+            })
+            .collect()
+    }
+
+    /// `pos_encoding=rope_llama kv_dtype=fp8_e4m3|fp8_e5m2`, as `--where` terms spell values.
+    pub fn spell(&self, axes: &[Axis]) -> String {
+        self.selection(axes)
+            .iter()
+            .map(|(axis, values)| {
+                let values: Vec<String> = values.iter().map(ToString::to_string).collect();
+                format!("{}={}", axis.name, values.join("|"))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
 #[derive(Debug)]
 pub struct Module {
     pub name: String,
@@ -143,6 +193,8 @@ pub struct Module {
     aot_exclude: Vec<Selection>,
     /// `modules.<m>.release.exclude`: what a release leaves out, each with its reason.
     release_exclude: Vec<(Selection, String)>,
+    /// `modules.<m>.unsupported`: combinations that are not instances.
+    pub unsupported: Vec<Unsupported>,
     /// The only architectures the whole module is built for (`modules.<m>.archs`).
     pub arch_limit: Option<Vec<Arch>>,
 }
@@ -172,6 +224,15 @@ impl Module {
                     a.arch_limits.get(i).and_then(Option::as_deref),
                 )
             })
+    }
+
+    /// The first `unsupported` declaration that holds the combination `choice`, and its index;
+    /// None: an instance serves it.
+    pub fn unsupported(&self, choice: &[usize]) -> Option<(usize, &Unsupported)> {
+        self.unsupported
+            .iter()
+            .enumerate()
+            .find(|(_, u)| u.holds(choice))
     }
 
     /// Whether the combination `choice` (one value index per axis) is in the AOT subset.

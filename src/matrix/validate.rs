@@ -13,7 +13,8 @@ use anyhow::Result;
 use serde_json::Value as Json;
 
 use super::{
-    code_field, expand, Axis, HeaderPath, Matrix, Module, Selection, Value, Variant, DTYPES,
+    code_field, expand, Axis, HeaderPath, Matrix, Module, Selection, Unsupported, Value, Variant,
+    DTYPES,
 };
 use crate::arch::{self, Arch};
 use crate::c_ident;
@@ -148,23 +149,28 @@ pub(super) fn matrix(
                 .map(|(i, s)| check_selection(s, &axes, &loc.field(&format!("aot.{key}[{i}]"))))
                 .collect()
         };
-        let release_exclude = decl
-            .release
-            .exclude
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let eloc = loc.field(&format!("release.exclude[{i}]"));
-                let selection = check_selection(&e.selection, &axes, &eloc.field("where"))?;
-                if e.reason.trim().is_empty() {
-                    return Err(eloc
-                        .field("reason")
-                        .err("say why these instances are left out of the release")
-                        .into());
-                }
-                Ok((selection, e.reason.trim().to_string()))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let release_exclude = check_exclusions(
+            &decl.release.exclude,
+            &axes,
+            &loc.field("release.exclude"),
+            "say why these instances are left out of the release",
+        )?;
+        let unsupported = check_exclusions(
+            &decl.unsupported,
+            &axes,
+            &loc.field("unsupported"),
+            "say why no instance serves these combinations and what to call instead: a caller \
+             who asks for one reads it",
+        )?;
+        for (i, (selection, _)) in unsupported.iter().enumerate() {
+            if selection.is_empty() {
+                return Err(loc
+                    .field(&format!("unsupported[{i}].where"))
+                    .err("an empty selection declares every combination of the module unsupported")
+                    .with_hint("name the axes and values that no instance serves")
+                    .into());
+            }
+        }
         modules.push(Module {
             name: name.clone(),
             source: decl.source.clone(),
@@ -173,6 +179,10 @@ pub(super) fn matrix(
             aot_include: sel(&decl.aot.include, "include")?,
             aot_exclude: sel(&decl.aot.exclude, "exclude")?,
             release_exclude,
+            unsupported: unsupported
+                .into_iter()
+                .map(|(selection, reason)| Unsupported { selection, reason })
+                .collect(),
             axes,
             arch_limit,
         });
@@ -186,6 +196,14 @@ pub(super) fn matrix(
     check_size(&modules, max_instances, &at)?;
 
     let instances = expand::instances(&modules, &variants);
+    for (mi, m) in modules.iter().enumerate() {
+        if !instances.iter().any(|i| i.module == mi) {
+            return Err(at(format!("modules.{}.unsupported", m.name))
+                .err("it declares every combination of the module unsupported: the module has no instance")
+                .with_hint("narrow the selections, or remove the module")
+                .into());
+        }
+    }
     let mut seen = std::collections::HashMap::new();
     for inst in &instances {
         if let Some(other) = seen.insert(inst.uri.as_str(), inst) {
@@ -963,6 +981,27 @@ fn parse_value(kind: AxisKind, raw: &Json) -> Result<Value, String> {
         }
         (kind, other) => Err(format!("`{other}` is not a valid {kind:?} value").to_lowercase()),
     }
+}
+
+/// A list of exclusions (`release.exclude`, `unsupported`) at `loc`: each `where` a selection
+/// of `axes`, each `reason` said (trimmed); `say` is the hint of an empty one.
+fn check_exclusions(
+    list: &[config::ExclusionDecl],
+    axes: &[Axis],
+    loc: &Located,
+    say: &str,
+) -> Result<Vec<(Selection, String)>> {
+    list.iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let eloc = loc.field(&format!("[{i}]"));
+            let selection = check_selection(&e.selection, axes, &eloc.field("where"))?;
+            if e.reason.trim().is_empty() {
+                return Err(eloc.field("reason").err(say).into());
+            }
+            Ok((selection, e.reason.trim().to_string()))
+        })
+        .collect()
 }
 
 fn check_selection(sel: &UniqueMap<Vec<Json>>, axes: &[Axis], loc: &Located) -> Result<Selection> {
