@@ -1114,3 +1114,124 @@ fn the_ninja_hint_quotes_the_folder() {
     let dir = t.path("gen dir; rm -rf x");
     assert_stderr_has(&o, &format!("ninja -C '{}'", dir.display()));
 }
+
+// ---- combinations no instance serves (`modules.<m>.unsupported`) ---------------------------
+
+/// The toy with `mode=max` declared unsupported with `scaled`, for this reason.
+const MAX_SCALED: &str = "max of scaled rows overflows: call mode=sum";
+
+fn toy_with_unsupported(unsupported: Value) -> Tree {
+    let t = Tree::new();
+    t.edit(|v| v["modules"]["toy"]["unsupported"] = unsupported);
+    t
+}
+
+/// An unsupported combination is no instance: not listed, not built, not in describe's
+/// instances (describe carries the declaration for the loader); a `--where` that selects only
+/// such combinations names the declaration and its reason, and a build of them writes nothing.
+#[test]
+fn an_unsupported_combination_is_no_instance_and_a_filter_for_it_says_why() {
+    let t = toy_with_unsupported(
+        json!([{"where": {"variant": ["scaled"], "mode": ["max"]}, "reason": MAX_SCALED}]),
+    );
+    let o = t.run(&["list-variants", "--json"]);
+    assert_success(&o);
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    // dtype 2 x width 3 x fast 2 x mode 2 x variant 2, less the 12 of max with scaled.
+    assert_eq!(rows.len(), 36);
+    assert!(!rows
+        .iter()
+        .any(|r| r["params"]["mode"] == "max" && r["params"]["variant"] == "scaled"));
+    assert!(stdout(&t.run(&["list-variants"])).contains("36 instances"));
+
+    let o = t.run(&["describe"]);
+    assert_success(&o);
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        d["modules"]["toy"]["unsupported"],
+        json!([{"where": {"mode": ["max"], "variant": ["scaled"]}, "reason": MAX_SCALED}])
+    );
+    assert_eq!(d["instances"].as_array().unwrap().len(), 36);
+
+    for args in [
+        &[
+            "build",
+            "--out",
+            "out",
+            "--where",
+            "mode=max",
+            "--where",
+            "variant=scaled",
+        ][..],
+        &[
+            "list-variants",
+            "--where",
+            "mode=m*",
+            "--where",
+            "variant=s*",
+            "--where",
+            "width=64",
+        ],
+    ] {
+        let o = t.run(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        for needle in [
+            "they select combinations that",
+            "declares unsupported",
+            "toy mode=max variant=scaled (modules.toy.unsupported[0]): ",
+            MAX_SCALED,
+        ] {
+            assert_stderr_has(&o, needle);
+        }
+    }
+    assert!(!t.path("out").exists(), "nothing is built");
+    // A filter that misses for another reason says nothing of the declaration.
+    let o = t.run(&["list-variants", "--where", "mode=max", "--where", "width=7"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!stderr(&o).contains("unsupported"), "{}", stderr(&o));
+}
+
+/// A declaration is checked as `release.exclude` is: its selection against the module's axes
+/// and values, a reason, and it may not empty the module.
+#[test]
+fn an_unsupported_declaration_names_its_field_when_it_is_wrong() {
+    for (unsupported, needles) in [
+        (
+            json!([{"where": {"depth": [1]}, "reason": "r"}]),
+            vec!["modules.toy.unsupported[0].where.depth", "no axis `depth`"],
+        ),
+        (
+            json!([{"where": {"mode": ["min"]}, "reason": "r"}]),
+            vec![
+                "modules.toy.unsupported[0].where.mode",
+                "value `min` is not on axis `mode` (values: sum, max)",
+            ],
+        ),
+        (
+            json!([{"where": {"mode": ["max"]}, "reason": " "}]),
+            vec![
+                "modules.toy.unsupported[0].reason",
+                "say why no instance serves",
+            ],
+        ),
+        (
+            json!([{"where": {}, "reason": "r"}]),
+            vec![
+                "modules.toy.unsupported[0].where",
+                "an empty selection declares every combination",
+            ],
+        ),
+        (
+            json!([{"where": {"mode": ["max"]}, "reason": "r"},
+                   {"where": {"mode": ["sum"]}, "reason": "r"}]),
+            vec!["modules.toy.unsupported", "the module has no instance"],
+        ),
+        (json!([{"where": {"mode": ["max"]}}]), vec!["reason"]),
+    ] {
+        let t = toy_with_unsupported(unsupported);
+        let o = t.run(&["list-variants"]);
+        assert_no_panic(&o);
+        assert_usage_error(&o, &needles);
+    }
+}

@@ -1,8 +1,9 @@
 //! The rules a variants file must meet, each refusal naming the file and the field
 //! (`variants.json: modules.x.axes[1].values: ...`): names that are C identifiers the generated
 //! header can use, headers inside the tree, typed axis values, a declared C ABI of 8-byte
-//! fields, architectures that leave every instance something to build for, an AOT subset within
-//! its axes, a bounded instance count and URI length, and no two instances with one URI.
+//! fields, architectures that leave every instance something to build for, AOT, release and
+//! `unsupported` selections within their axes (the last leaving each module an instance), a
+//! bounded instance count and URI length, and no two instances with one URI.
 //! `tests/validation.rs` pins the messages.
 
 use std::collections::HashSet;

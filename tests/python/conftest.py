@@ -362,15 +362,21 @@ FAKE_MATRIX: dict[str, Any] = {
 
 def _fill_fake_instances() -> None:
     # The modules' C ABI, as the real matrix declares it (describe ships these declarations).
+    # Their unsupported combinations too, which are no instances (as describe leaves them out).
     real = json.loads((REPO / "variants.json").read_text())["modules"]
     for mod, spec in FAKE_MATRIX["modules"].items():
         spec["args"] = real[mod]["args"]
+        if "unsupported" in real[mod]:
+            spec["unsupported"] = real[mod]["unsupported"]
     for mod, spec in FAKE_MATRIX["modules"].items():
         axes = spec["axes"]
 
         def rec(i: int, params: dict[str, Any]) -> None:
             if i == len(axes):
                 if mod == "batch_decode" and params["head_dim"] == 256 and params["page_size"] == 1:
+                    return
+                if any(all(params[a] in values for a, values in u["where"].items())
+                       for u in spec.get("unsupported", ())):
                     return
                 uri = mod + "".join(f"_{k}_{v}" for k, v in params.items())
                 codes = {a["name"]: (params[a["name"]] if a["type"] == "int" else a["values"].index(params[a["name"]]))

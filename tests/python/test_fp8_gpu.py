@@ -339,8 +339,8 @@ def test_fp8_prefill_refusals() -> None:
     cache = stored.to(torch.float8_e4m3fn)
     q = torch.randn(4, NUM_QO, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
     qo_indptr = torch.tensor([0, 4], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match="batch_prefill_paged: pos_encoding='rope_llama' is not supported with an "
-                                         "fp8 KV cache"):
+    with pytest.raises(ValueError, match="batch_prefill_paged: pos_encoding='rope_llama' with kv_dtype='fp8_e4m3' "
+                                         "is not supported: in-kernel RoPE is not supported with an fp8 KV cache"):
         flashgen.batch_prefill_paged(q, qo_indptr, cache, indptr, indices, last, pos_encoding="rope_llama")
     k, v = fp8_ragged([40], 128, torch.float8_e5m2, gen)
     with pytest.raises(ValueError, match="single_prefill: pos_encoding='rope_llama' is not supported with an "

@@ -4,15 +4,16 @@ path fills into the arguments struct (fake torch), as the decode functions are t
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 import flashgen
-from conftest import FakeCudaTensor
+from conftest import REPO, FakeCudaTensor
 from flashgen._errors import NoGPUError
-from test_loader import fake_torch, needs_no_driver  # noqa: F401 (fake_torch is a fixture)
+from test_loader import _bd, fake_torch, needs_no_driver  # noqa: F401 (fake_torch is a fixture)
 
 I32 = "i32"
 
@@ -139,3 +140,34 @@ def test_prefill_plans_fill_the_struct_as_declared(fake_torch: Any) -> None:
     off = T((4,), i32)
     flashgen.batch_prefill(q, qo, T((300, 8, 128), bf16), T((300, 8, 128), bf16), kv, q_rope_offset=off)
     assert calls[-1]["q_rope_offset"] == off.data_ptr() and calls[-1]["kv_rope_offset"] is None
+
+
+FP8 = "fp8_e5m2"
+
+
+@pytest.mark.parametrize("what, module, call", [
+    ("batch_decode", "batch_decode",
+     lambda fm: _bd(fm, cache=FakeCudaTensor((10, 2, 16, 8, 128), FP8), pos_encoding="rope_llama")),
+    ("batch_prefill", "batch_prefill_ragged",
+     lambda fm: _bp(k=FakeCudaTensor((300, 8, 128), FP8), v=FakeCudaTensor((300, 8, 128), FP8),
+                    pos_encoding="rope_llama")),
+    ("batch_prefill_paged", "batch_prefill_paged",
+     lambda fm: _pp(cache=FakeCudaTensor((40, 2, 16, 8, 128), FP8), pos_encoding="rope_llama")),
+])
+def test_an_unsupported_combination_is_refused_with_its_declared_reason_before_any_compile(
+        fake_matrix: Any, monkeypatch: pytest.MonkeyPatch, what: str, module: str,
+        call: Callable[[Any], Any]) -> None:
+    """rope_llama with an fp8 cache is declared in variants.json (modules.<m>.unsupported): no
+    instance holds it, and the call is refused with the declaration's reason before the driver or
+    the loader (which would compile) is reached."""
+    from flashgen import _cuda, _loader
+
+    reason = json.loads((REPO / "variants.json").read_text())["modules"][module]["unsupported"][0]["reason"]
+    reached: list[str] = []
+    monkeypatch.setattr(_loader, "load", lambda *a, **kw: reached.append("load"))
+    monkeypatch.setattr(_cuda, "driver", lambda: reached.append("driver"))
+    with pytest.raises(ValueError) as refused:
+        call(fake_matrix)
+    assert str(refused.value) == (f"{what}: pos_encoding='rope_llama' with kv_dtype='{FP8}' is not supported: "
+                                  f"{reason}")
+    assert reached == []

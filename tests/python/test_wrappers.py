@@ -272,10 +272,10 @@ def test_prefill_wrappers_plan_an_fp8_cache_and_run_takes_its_scales(fake_torch:
     wrapped, functional = fake_torch.calls[-2:]
     assert _per_shape(wrapped) == _per_shape(functional)
     assert (wrapped["k_scale"], wrapped["v_scale"]) == (1.0, 0.5)
-    with pytest.raises(ValueError, match="batch_prefill_paged: pos_encoding='rope_llama' is not supported "
-                                         "with an fp8 KV cache"):
+    with pytest.raises(ValueError, match="batch_prefill_paged: pos_encoding='rope_llama' with kv_dtype='fp8_e5m2' "
+                                         "is not supported: in-kernel RoPE is not supported with an fp8 KV cache"):
         flashgen.batch_prefill_paged(q, qo, cache, kv, ix, last, pos_encoding="rope_llama")
-    with pytest.raises(ValueError, match="plan: pos_encoding='rope_llama' is not supported with an fp8 KV cache"):
+    with pytest.raises(ValueError, match="plan: pos_encoding='rope_llama' with kv_dtype='fp8_e5m2' is not supported"):
         paged.plan(qo, kv, ix, last, 32, 8, 128, 16, pos_encoding_mode="ROPE_LLAMA", q_data_type=bf16,
                    kv_data_type=fp8)
     with pytest.raises(ValueError, match="batch_prefill_paged: k_scale and v_scale apply to an fp8 KV cache"):
