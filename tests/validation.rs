@@ -1234,4 +1234,35 @@ fn an_unsupported_declaration_names_its_field_when_it_is_wrong() {
         assert_no_panic(&o);
         assert_usage_error(&o, &needles);
     }
+    // A release exclusion inside a declaration excludes nothing; one that reaches past it does.
+    for (exclude, refused) in [
+        (
+            json!({"mode": ["max"], "variant": ["scaled"], "width": [32]}),
+            true,
+        ),
+        (
+            json!({"mode": ["max"], "variant": ["scaled", "plain"]}),
+            false,
+        ),
+    ] {
+        let t = toy_with_unsupported(
+            json!([{"where": {"variant": ["scaled"], "mode": ["max"]}, "reason": MAX_SCALED}]),
+        );
+        t.edit(|v| {
+            v["modules"]["toy"]["release"] =
+                json!({"exclude": [{"where": exclude, "reason": "left to the JIT"}]})
+        });
+        let o = t.run(&["list-variants"]);
+        if !refused {
+            assert_success(&o);
+            continue;
+        }
+        assert_usage_error(
+            &o,
+            &[
+                "modules.toy.release.exclude[0]",
+                "it selects only combinations that unsupported[0] declares",
+            ],
+        );
+    }
 }

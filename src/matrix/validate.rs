@@ -172,6 +172,22 @@ pub(super) fn matrix(
                     .into());
             }
         }
+        // An exclusion from the release inside one unsupported declaration excludes nothing.
+        for (ri, (release, _)) in release_exclude.iter().enumerate() {
+            if let Some(ui) = unsupported
+                .iter()
+                .position(|(u, _)| within(release, u, &axes))
+            {
+                return Err(loc
+                    .field(&format!("release.exclude[{ri}]"))
+                    .err(format!(
+                        "it selects only combinations that unsupported[{ui}] declares: they are \
+                         no instances, so no release holds them"
+                    ))
+                    .with_hint("remove this exclusion")
+                    .into());
+            }
+        }
         modules.push(Module {
             name: name.clone(),
             source: decl.source.clone(),
@@ -982,6 +998,18 @@ fn parse_value(kind: AxisKind, raw: &Json) -> Result<Value, String> {
         }
         (kind, other) => Err(format!("`{other}` is not a valid {kind:?} value").to_lowercase()),
     }
+}
+
+/// Whether every combination `inner` selects is one `outer` selects: each axis `outer` limits,
+/// `inner` limits to some of the same values.
+fn within(inner: &Selection, outer: &Selection, axes: &[Axis]) -> bool {
+    outer.iter().all(|(axis, allowed)| {
+        let covers_axis = (0..axes[*axis].values.len()).all(|v| allowed.contains(&v));
+        covers_axis
+            || inner
+                .iter()
+                .any(|(a, values)| a == axis && values.is_subset(allowed))
+    })
 }
 
 /// A list of exclusions (`release.exclude`, `unsupported`) at `loc`: each `where` a selection
