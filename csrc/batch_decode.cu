@@ -132,9 +132,7 @@ int run_standard(const Args& a, const DeviceInfo& dev) {
 
   Params p;
   if (int st = start_params(p, a)) return st;
-  if constexpr (is_fp8<DTypeKV>) {
-    if (int st = fill_fp8_paged_cache(p, a, "batch_decode")) return st;
-  }
+  if (int st = fill_fp8_kv(p, a, "batch_decode")) return st;
   p.q_stride_b = a.q_stride_b;
   p.o_stride_b = a.o_stride_b;
   p.page_size = PAGE_SIZE;
@@ -229,11 +227,8 @@ struct BatchDecode {
 
     static int run(const Args& a, const DeviceInfo& dev) {
       if constexpr (POS == prefill::kPosRopeLlama) {
-        // The RoPE path reads K/V as DType: 16-bit keys only. In run, not the class: a
-        // dispatching binary names the class of every combination it reaches, and skips this one.
-        static_assert(!is_fp8<DTypeKV>,
-                      "rope_llama with an fp8 KV cache: variants.json declares it unsupported "
-                      "(modules.batch_decode.unsupported), so no instance holds it");
+        static_assert(!is_fp8<DTypeKV>,  // fp8_cache.cuh
+                      "rope_llama with an fp8 KV cache: unsupported (variants.json)");
         return run_rope<DType, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);
       } else {
         return run_standard<DType, DTypeKV, HEAD_DIM, PAGE_SIZE, Tag>(a, dev);

@@ -42,17 +42,12 @@ struct BatchPrefillRagged {
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
-      // The RoPE kernels rotate 16-bit keys only. In run, not the class: a dispatching binary
-      // names the class of every combination it reaches, and skips this one.
-      static_assert(POS != prefill::kPosRopeLlama || !is_fp8<DTypeKV>,
-                    "rope_llama with an fp8 KV cache: variants.json declares it unsupported "
-                    "(modules.batch_prefill_ragged.unsupported), so no instance holds it");
+      static_assert(POS != prefill::kPosRopeLlama || !is_fp8<DTypeKV>,  // fp8_cache.cuh
+                    "rope_llama with an fp8 KV cache: unsupported (variants.json)");
       Params p;
       if (int st = prefill::start_params(p, a, "batch_prefill_ragged")) return st;
       prefill::fill_contiguous_kv(p, a);
-      if constexpr (is_fp8<DTypeKV>) {
-        if (int st = fill_fp8_contiguous_kv(p, a, "batch_prefill_ragged")) return st;
-      }
+      if (int st = fill_fp8_kv(p, a, "batch_prefill_ragged")) return st;
       prefill::fill_packed_batch(p, a);
       p.kv_indptr = a.kv_indptr;
       return Backend::template launch_ragged<HEAD_DIM, MASK, POS>(

@@ -45,17 +45,12 @@ struct SinglePrefill {
     }
 
     static int run(const Args& a, const DeviceInfo& dev) {
-      // The RoPE kernels rotate 16-bit keys only. In run, not the class: a dispatching binary
-      // names the class of every combination it reaches, and skips this one.
-      static_assert(POS != prefill::kPosRopeLlama || !is_fp8<DTypeKV>,
-                    "rope_llama with an fp8 KV cache: variants.json declares it unsupported "
-                    "(modules.single_prefill.unsupported), so no instance holds it");
+      static_assert(POS != prefill::kPosRopeLlama || !is_fp8<DTypeKV>,  // fp8_cache.cuh
+                    "rope_llama with an fp8 KV cache: unsupported (variants.json)");
       Params p;
       if (int st = prefill::start_params(p, a, "single_prefill")) return st;
       prefill::fill_contiguous_kv(p, a);
-      if constexpr (is_fp8<DTypeKV>) {
-        if (int st = fill_fp8_contiguous_kv(p, a, "single_prefill")) return st;
-      }
+      if (int st = fill_fp8_kv(p, a, "single_prefill")) return st;
       p.qo_len = static_cast<uint32_t>(a.qo_len);
       p.kv_len = static_cast<uint32_t>(a.kv_len);
       return Backend::template launch_single<HEAD_DIM, MASK, POS>(

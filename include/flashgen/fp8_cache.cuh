@@ -2,8 +2,12 @@
  * @brief The kv_dtype axis of the modules that read an fp8 KV cache (batch_decode,
  * batch_prefill_paged, batch_prefill_ragged, single_prefill), host side: the cache's element
  * type of a kv_dtype code, the conditions of an fp8 call and its scales. Include after
- * <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes). rope_llama with an fp8 cache is
- * no instance: variants.json declares it in those modules' `unsupported`.
+ * <flashgen_instance.cuh> (its FLASHGEN_CODE_kv_dtype_* codes).
+ *
+ * rope_llama with an fp8 cache is no instance: variants.json declares it in those modules'
+ * `unsupported` (the RoPE kernels rotate 16-bit keys only). Each module's `run` asserts it
+ * statically there, not in its Instance class: a dispatching binary names the class of every
+ * combination it reaches, and skips this one.
  */
 #pragma once
 
@@ -14,6 +18,7 @@
 
 #include <cuda_fp8.h>
 
+#include "flashgen/dtype.cuh"
 #include "flashgen/status.cuh"
 
 namespace flashgen {
@@ -60,25 +65,31 @@ int fill_fp8_cache(Params& p, const char* module, const char* tensor,
   return FLASHGEN_OK;
 }
 
-/** The contiguous k and v of single_prefill and batch_prefill_ragged (their arguments'
- *  k_stride_* and v_stride_*). */
-template <typename Params, typename Args>
-int fill_fp8_contiguous_kv(Params& p, const Args& a, const char* module) {
-  const NamedStride strides[] = {{"k n", a.k_stride_n},
-                                 {"k h", a.k_stride_h},
-                                 {"v n", a.v_stride_n},
-                                 {"v h", a.v_stride_h}};
-  return fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale);
-}
+/** Whether Params read a paged cache (batch_decode's, batch_prefill_paged's) rather than
+ *  contiguous k and v. */
+template <typename Params, typename = void>
+constexpr bool kPagedParams = false;
+template <typename Params>
+constexpr bool kPagedParams<Params, std::void_t<decltype(&Params::paged_kv)>> = true;
 
-/** The paged cache of batch_decode and batch_prefill_paged (their arguments' kv_stride_*). */
+/**
+ * An fp8 call's K/V conditions and scales (fill_fp8_cache), nothing for a 16-bit cache: the
+ * paged cache's strides (the arguments' kv_stride_*) or contiguous k's and v's (k_stride_*,
+ * v_stride_*). `module`: the entry's name in messages.
+ */
 template <typename Params, typename Args>
-int fill_fp8_paged_cache(Params& p, const Args& a, const char* module) {
-  const NamedStride strides[] = {{"page", a.kv_stride_page},
-                                 {"kv", a.kv_stride_kv},
-                                 {"n", a.kv_stride_n},
-                                 {"h", a.kv_stride_h}};
-  return fill_fp8_cache(p, module, "paged_kv", strides, a.k_scale, a.v_scale);
+int fill_fp8_kv(Params& p, const Args& a, const char* module) {
+  if constexpr (!is_fp8<typename Params::DTypeKV>) {
+    return FLASHGEN_OK;
+  } else if constexpr (kPagedParams<Params>) {
+    const NamedStride strides[] = {{"page", a.kv_stride_page}, {"kv", a.kv_stride_kv},
+                                   {"n", a.kv_stride_n}, {"h", a.kv_stride_h}};
+    return fill_fp8_cache(p, module, "paged_kv", strides, a.k_scale, a.v_scale);
+  } else {
+    const NamedStride strides[] = {{"k n", a.k_stride_n}, {"k h", a.k_stride_h},
+                                   {"v n", a.v_stride_n}, {"v h", a.v_stride_h}};
+    return fill_fp8_cache(p, module, "k and v", strides, a.k_scale, a.v_scale);
+  }
 }
 
 }  // namespace flashgen
