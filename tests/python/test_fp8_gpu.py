@@ -343,8 +343,8 @@ def test_fp8_prefill_refusals() -> None:
                                          "is not supported: in-kernel RoPE is not supported with an fp8 KV cache"):
         flashgen.batch_prefill_paged(q, qo_indptr, cache, indptr, indices, last, pos_encoding="rope_llama")
     k, v = fp8_ragged([40], 128, torch.float8_e5m2, gen)
-    with pytest.raises(ValueError, match="single_prefill: pos_encoding='rope_llama' is not supported with an "
-                                         "fp8 KV cache"):
+    with pytest.raises(ValueError, match="single_prefill: pos_encoding='rope_llama' with kv_dtype='fp8_e5m2' "
+                                         "is not supported: in-kernel RoPE is not supported with an fp8 KV cache"):
         flashgen.single_prefill(q, k, v, pos_encoding="rope_llama")
     kv_indptr = torch.tensor([0, 40], dtype=torch.int32, device=DEV)
     with pytest.raises(TypeError, match="batch_prefill: k and v must share one dtype"):
