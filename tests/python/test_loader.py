@@ -642,12 +642,17 @@ def test_jit_build_is_byte_identical_to_the_wheel(run_py: RunPy, wheel_manifest:
 
 # ---- one owner for every rule: the CLI and the loader agree because only the CLI decides ---------
 
+# A variant no cache can hold (its source names a fresh token), so the lookup misses and the
+# JIT-disabled error carries the binary's answer whatever the user-level cache (HOME unset: the
+# passwd home's) already holds.
 PARITY_SNIPPET = PRELUDE + r"""
-import os
+import uuid
+import flashgen
 from flashgen._errors import JITDisabledError
+probe = flashgen.Variant("parity_probe", "template <typename P>\nstruct ParityProbe { };  // " + uuid.uuid4().hex)
 try:
-    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'pos_encoding': 'none', 'variant': 'soft_cap',
-                                   'backend': 'portable'})
+    _loader.load('single_decode', {'dtype': 'f16', 'head_dim': 64, 'pos_encoding': 'none', 'backend': 'portable'},
+                 variant=probe)
 except JITDisabledError as e:
     print(json.dumps({"cache_dir": e.answer["cache_dir"], "archs": e.answer["archs"]}))
 """
