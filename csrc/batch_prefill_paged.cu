@@ -46,6 +46,7 @@ struct BatchPrefillPaged {
     using DTypeKV = CacheType<DType, KV>;
     using Params = BatchPrefillPagedParams<DType, DTypeKV, DType>;
     using Backend = PrefillBackend<BACKEND, Tag>;
+
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
       return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
           a.total_q, kv_rows<PAGE_SIZE>(a), a.batch_size, a.num_qo_heads, a.num_kv_heads,

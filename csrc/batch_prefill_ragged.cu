@@ -36,6 +36,7 @@ struct BatchPrefillRagged {
     using DTypeKV = CacheType<DType, KV>;
     using Params = BatchPrefillRaggedParams<DType, DTypeKV, DType>;
     using Backend = PrefillBackend<BACKEND, Tag>;
+
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
       return Backend::template batch_workspace_bytes<HEAD_DIM, POS, Params>(
           a.total_q, a.total_kv, a.batch_size, a.num_qo_heads, a.num_kv_heads, dev.sm_count);

@@ -39,6 +39,7 @@ struct SinglePrefill {
     using DTypeKV = CacheType<DType, KV>;
     using Params = SinglePrefillParams<DType, DTypeKV, DType>;
     using Backend = PrefillBackend<BACKEND, Tag>;
+
     static int64_t workspace_bytes(const Args& a, const DeviceInfo& dev) {
       return Backend::template single_workspace_bytes<HEAD_DIM, POS, Params>(
           a.qo_len, a.kv_len, a.num_qo_heads, a.num_kv_heads, dev.sm_count);

@@ -284,7 +284,9 @@ def call(spec: Spec, tensors: Sequence[Any], out: Any, kv_layout: str, variant: 
     ``expect``: what their plan() declared (dimension symbols, ``"dtype"``), which the tensors
     must match, and ``what``: the name errors give (None: the spec's function)."""
     if plans is None:
-        plans = _PLANS.get(spec.name) or shared_plans(spec)
+        plans = _PLANS.get(spec.name)
+        if plans is None:
+            plans = shared_plans(spec)
     if lse is not None:
         return_lse = True
     key = None

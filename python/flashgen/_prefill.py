@@ -39,16 +39,13 @@ _PAGED = {"NHD": ("Np", "2", "P", "Hk", "D"), "HND": ("Np", "2", "Hk", "P", "D")
 _AXES = {"dtype": "$dtype", "head_dim": "D", "mask": "$mask", "pos_encoding": "$pos_encoding"}
 _OUT = {"o_stride_n": Stride("o", "Tq"), "o_stride_h": Stride("o", "Hq")}
 
-def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any) -> dict[str, Any]:
+
+def _options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any,
+             k_scale: Any = 1.0, v_scale: Any = 1.0) -> dict[str, Any]:
+    """The three functions' options: the mask, RoPE and an fp8 cache's scales."""
     if not isinstance(causal, bool):
         raise TypeError(f"{what}: causal must be True or False, got {causal!r}")
-    return {"mask": "causal" if causal else "none", **_op.rope_options(what, pos_encoding, rope_theta, rope_scale)}
-
-
-def _cache_options(what: str, causal: Any, pos_encoding: Any, rope_theta: Any, rope_scale: Any,
-                   k_scale: Any = 1.0, v_scale: Any = 1.0) -> dict[str, Any]:
-    """The functions' options: those of ``_options`` and an fp8 cache's scales."""
-    return {**_options(what, causal, pos_encoding, rope_theta, rope_scale),
+    return {"mask": "causal" if causal else "none", **_op.rope_options(what, pos_encoding, rope_theta, rope_scale),
             **_fp8.scale_options(what, k_scale, v_scale)}
 
 
@@ -66,7 +63,7 @@ SINGLE_PREFILL = Spec(
         "v_stride_n": Stride("v", "L"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa,),
-    options=_cache_options,
+    options=_options,
     check_params=_fp8.check_cache_call,
 )
 
@@ -89,7 +86,7 @@ BATCH_PREFILL = Spec(
         "v_stride_n": Stride("v", "Tk"), "v_stride_h": Stride("v", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
-    options=_cache_options,
+    options=_options,
     check_params=_fp8.check_cache_call,
 )
 
@@ -110,7 +107,7 @@ BATCH_PREFILL_PAGED = Spec(
         "kv_stride_n": Stride("paged_kv_cache", "P"), "kv_stride_h": Stride("paged_kv_cache", "Hk"), **_OUT,
     },
     checks=(_op.gqa, _op.at_least("B", 1)),
-    options=_cache_options,
+    options=_options,
     check_params=_fp8.check_cache_call,
 )
 

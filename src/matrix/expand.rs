@@ -7,7 +7,8 @@ use crate::config::AxisKind;
 use crate::instance::Instance;
 
 /// Every instance of `modules`: modules in file order, the last axis varying fastest, without
-/// the combinations a module declares `unsupported`. An instance is AOT when its module's `aot` selection holds it and it uses no user variant.
+/// the combinations a module declares `unsupported`. An instance is AOT when its module's `aot`
+/// selection holds it and it uses no user variant.
 pub(super) fn instances(modules: &[Module], variants: &[Variant]) -> Vec<Instance> {
     expand(modules, |m, choice| modules_aot(m, choice, variants))
 }
